@@ -1,0 +1,266 @@
+//! The built-in webhook action: one HTTP call per run on a pooled keep-alive client.
+//!
+//! The call carries `Idempotency-Key: {life_uuid}:{plan}`, the `X-Kairos-*` headers of
+//! SPEC section 3 and, when a signing key is configured, `X-Kairos-Signature:
+//! t={unix seconds},v1={hex HMAC-SHA256 of "{t}.{body}"}`. A connect error or timeout is
+//! reported as status 599 so that `execution_retry_codes` can retry it.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use axum::http::{HeaderName, HeaderValue, Method, Request, Uri};
+use bytes::Bytes;
+use hmac::{Hmac, Mac};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use sha2::Sha256;
+
+use crate::model::WebhookAction;
+use crate::outbound::OutboundPolicy;
+
+/// Status reported for a connect error or a timeout.
+pub const STATUS_CONNECT_ERROR: u16 = 599;
+
+/// Identity of the run, sent as headers.
+#[derive(Debug, Clone)]
+pub struct CallContext<'a> {
+    pub life_uuid: &'a str,
+    pub plan: &'a str,
+    pub execution_count: u32,
+    pub fire_at_ms: i64,
+    pub resource_id: Option<&'a str>,
+}
+
+/// How a call ended. `status` is 599 for connect errors and timeouts, None when the call
+/// was refused before any connection (policy, bad URL).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CallResult {
+    pub status: Option<u16>,
+    pub error: Option<String>,
+}
+
+impl CallResult {
+    pub fn is_success(&self) -> bool {
+        matches!(self.status, Some(s) if (200..300).contains(&s))
+    }
+}
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+/// Sends webhooks. One pool per distinct connect timeout, since hyper's connector holds
+/// the connect timeout; almost every action uses the default and shares one pool.
+pub struct WebhookAgent {
+    clients: Mutex<HashMap<u64, HttpClient>>,
+    gateway_url: Option<String>,
+    policy: OutboundPolicy,
+    signing_key: Option<Vec<u8>>,
+    default_connect_timeout: Duration,
+    default_request_timeout: Duration,
+    response_body_limit: usize,
+}
+
+impl WebhookAgent {
+    pub fn new(
+        gateway_url: Option<String>,
+        policy: OutboundPolicy,
+        signing_key: Option<String>,
+        default_connect_timeout: Duration,
+        default_request_timeout: Duration,
+        response_body_limit: usize,
+    ) -> Self {
+        WebhookAgent {
+            clients: Mutex::new(HashMap::new()),
+            gateway_url,
+            policy,
+            signing_key: signing_key.map(String::into_bytes),
+            default_connect_timeout,
+            default_request_timeout,
+            response_body_limit,
+        }
+    }
+
+    fn client(&self, connect_timeout: Duration) -> HttpClient {
+        let key = connect_timeout.as_millis() as u64;
+        let mut clients = self.clients.lock().expect("webhook client map poisoned");
+        clients
+            .entry(key)
+            .or_insert_with(|| {
+                let mut connector = HttpConnector::new();
+                connector.set_connect_timeout(Some(connect_timeout));
+                connector.set_nodelay(true);
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(30))
+                    .pool_max_idle_per_host(256)
+                    .build(connector)
+            })
+            .clone()
+    }
+
+    fn target(&self, action: &WebhookAction) -> Result<Uri, String> {
+        let text = match (&action.url, &action.path, &self.gateway_url) {
+            (Some(url), _, _) => url.clone(),
+            (None, Some(path), Some(gateway)) => format!("{gateway}{path}"),
+            (None, Some(_), None) => {
+                return Err("path needs gateway_url, which is not configured".into())
+            }
+            (None, None, _) => return Err("the action has neither url nor path".into()),
+        };
+        text.parse::<Uri>()
+            .map_err(|e| format!("`{text}` is not a URL: {e}"))
+    }
+
+    /// Runs one call.
+    pub async fn call(&self, action: &WebhookAction, ctx: &CallContext<'_>) -> CallResult {
+        let refused = |error: String| CallResult {
+            status: None,
+            error: Some(error),
+        };
+        let uri = match self.target(action) {
+            Ok(uri) => uri,
+            Err(e) => return refused(e),
+        };
+        if uri.scheme_str() != Some("http") {
+            return refused(format!(
+                "{uri}: only http:// targets are supported by this build (TLS is not compiled in)"
+            ));
+        }
+        if let Err(denied) = self.policy.check(&uri).await {
+            return refused(denied);
+        }
+        let (body, is_json) = match &action.body {
+            None => (Bytes::new(), false),
+            Some(serde_json::Value::String(s)) => (Bytes::from(s.clone()), false),
+            Some(v) => (
+                Bytes::from(serde_json::to_vec(v).expect("JSON serializes")),
+                true,
+            ),
+        };
+        let method = match Method::from_bytes(action.method.as_bytes()) {
+            Ok(m) => m,
+            Err(_) => return refused(format!("`{}` is not an HTTP method", action.method)),
+        };
+        let mut request = Request::builder().method(method).uri(uri);
+        let headers = request.headers_mut().expect("builder is valid so far");
+        for (name, value) in &action.headers {
+            if let (Ok(n), Ok(v)) = (
+                HeaderName::from_bytes(name.as_bytes()),
+                HeaderValue::from_str(value),
+            ) {
+                headers.insert(n, v);
+            }
+        }
+        if is_json && !headers.contains_key("content-type") {
+            headers.insert("content-type", HeaderValue::from_static("application/json"));
+        }
+        let mut set = |name: &'static str, value: String| {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                headers.insert(name, v);
+            }
+        };
+        set("idempotency-key", format!("{}:{}", ctx.life_uuid, ctx.plan));
+        set("x-kairos-life", ctx.life_uuid.to_string());
+        set("x-kairos-plan", ctx.plan.to_string());
+        set(
+            "x-kairos-retry-count",
+            ctx.execution_count.saturating_sub(1).to_string(),
+        );
+        set("x-kairos-execution-count", ctx.execution_count.to_string());
+        set("x-kairos-eta", ctx.fire_at_ms.to_string());
+        if let Some(rid) = ctx.resource_id {
+            set("x-kairos-resource", rid.to_string());
+        }
+        if let Some(key) = &self.signing_key {
+            set(
+                "x-kairos-signature",
+                sign(key, chrono::Utc::now().timestamp(), &body),
+            );
+        }
+        let request = match request.body(Full::new(body)) {
+            Ok(r) => r,
+            Err(e) => return refused(format!("cannot build the request: {e}")),
+        };
+        let connect_timeout = action
+            .connect_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(self.default_connect_timeout);
+        let request_timeout = action
+            .request_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(self.default_request_timeout);
+        let client = self.client(connect_timeout);
+        let limit = self.response_body_limit;
+        let exchange = async move {
+            let response = client.request(request).await?;
+            let status = response.status().as_u16();
+            // Read (and drop) at most `limit` bytes so the connection can be reused; a
+            // larger body is cut off and its connection closed.
+            let mut body = response.into_body();
+            let mut read = 0usize;
+            while read <= limit {
+                match body.frame().await {
+                    Some(Ok(frame)) => read += frame.data_ref().map(|d| d.len()).unwrap_or(0),
+                    Some(Err(_)) | None => break,
+                }
+            }
+            Ok::<u16, hyper_util::client::legacy::Error>(status)
+        };
+        match tokio::time::timeout(request_timeout, exchange).await {
+            Ok(Ok(status)) => CallResult {
+                status: Some(status),
+                error: (!(200..300).contains(&status)).then(|| format!("target answered {status}")),
+            },
+            Ok(Err(e)) => CallResult {
+                status: Some(STATUS_CONNECT_ERROR),
+                error: Some(format!("connection failed: {}", error_chain(&e))),
+            },
+            Err(_) => CallResult {
+                status: Some(STATUS_CONNECT_ERROR),
+                error: Some(format!(
+                    "no response within {} ms",
+                    request_timeout.as_millis()
+                )),
+            },
+        }
+    }
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+/// `t={unix seconds},v1={hex HMAC-SHA256(key, "{t}.{body}")}`.
+pub fn sign(key: &[u8], unix_seconds: i64, body: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes any key length");
+    mac.update(unix_seconds.to_string().as_bytes());
+    mac.update(b".");
+    mac.update(body);
+    format!(
+        "t={unix_seconds},v1={}",
+        hex::encode(mac.finalize().into_bytes())
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signature_matches_a_known_vector() {
+        // echo -n '1700000000.{"a":1}' | openssl dgst -sha256 -hmac secret
+        assert_eq!(
+            sign(b"secret", 1_700_000_000, br#"{"a":1}"#),
+            "t=1700000000,v1=49f24e537407743fa4a0242bb63b94b9a47ee99cbbe071ccd8a22550ae411686"
+        );
+        assert_ne!(sign(b"secret", 1, b"x"), sign(b"other", 1, b"x"));
+    }
+}

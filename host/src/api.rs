@@ -1,0 +1,352 @@
+//! The REST API (SPEC section 2 and 9): routes, bearer-token scopes and the error body.
+//!
+//! [`router`] builds the whole app so that tests can drive it without a socket; the
+//! server in `server.rs` binds it to the configured address.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{header, Method, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use crate::booking::{self, BookingRequest, Rules};
+use crate::clock::Clock;
+use crate::config::{Config, Scope};
+use crate::error::ApiError;
+use crate::store::{self, CancelOutcome, ListFilter, Store};
+
+/// What every handler shares.
+pub struct App {
+    pub config: Config,
+    pub store: Store,
+    pub clock: Arc<dyn Clock>,
+}
+
+type Shared = Arc<App>;
+
+impl App {
+    fn rules(&self, now_ms: i64) -> Rules<'static> {
+        Rules {
+            timezone: self.config.timezone,
+            minimum_life_term_ms: self.config.minimum_life_term.as_millis() as i64,
+            execution_guard_ms: self.config.execution_guard_time.as_millis() as i64,
+            now_ms,
+            gateway_configured: self.config.gateway_url.is_some(),
+            // The plugin registry comes with the plugin platform; until then no plugin
+            // name is known, so a plugin action is refused with 400 unknown_plugin.
+            plugin_exists: &|_| false,
+        }
+    }
+
+    fn delay_guard_ms(&self) -> i64 {
+        self.config.execution_delay_guard_time.as_millis() as i64
+    }
+
+    /// Bookings due before this are announced to the schedulers at once.
+    fn notify_before_ms(&self, now_ms: i64) -> i64 {
+        now_ms + self.config.preset_execution_time.as_millis() as i64
+    }
+}
+
+/// The whole HTTP app.
+pub fn router(app: Shared) -> Router {
+    let limit = app.config.max_body_bytes;
+    Router::new()
+        .route("/schedules", get(list_schedules).post(create_schedule))
+        .route(
+            "/schedules/{life_uuid}",
+            get(show_schedule)
+                .patch(patch_schedule)
+                .delete(cancel_schedule),
+        )
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .layer(middleware::from_fn_with_state(app.clone(), authorize))
+        // /healthz answers without a token, for load balancers and supervisors.
+        .route("/healthz", get(healthz))
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(app)
+}
+
+/// The scope a request needs: reading needs `read`; bookings need `book`; everything
+/// else (plugins, queues, timers administration) needs `admin`.
+fn required_scope(method: &Method, path: &str) -> Scope {
+    if method == Method::GET || method == Method::HEAD {
+        Scope::Read
+    } else if path.starts_with("/schedules") || path.starts_with("/defer") {
+        Scope::Book
+    } else {
+        Scope::Admin
+    }
+}
+
+async fn authorize(State(app): State<Shared>, request: Request, next: Next) -> Response {
+    if app.config.api_tokens.is_empty() {
+        return next.run(request).await;
+    }
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim);
+    let Some(presented) = presented else {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "this route needs `Authorization: Bearer <token>`",
+        )
+        .into_response();
+    };
+    // Compare every token in full so timing does not reveal a prefix match.
+    let granted = app
+        .config
+        .api_tokens
+        .iter()
+        .filter(|t| constant_time_eq(t.token.as_bytes(), presented.as_bytes()))
+        .map(|t| t.scope)
+        .max();
+    let Some(granted) = granted else {
+        return ApiError::new(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "unknown API token",
+        )
+        .into_response();
+    };
+    let needed = required_scope(request.method(), request.uri().path());
+    if granted < needed {
+        return ApiError::new(
+            StatusCode::FORBIDDEN,
+            "forbidden",
+            format!("this token has scope `{granted:?}`; this route needs `{needed:?}`")
+                .to_lowercase(),
+        )
+        .into_response();
+    }
+    next.run(request).await
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Turns the body extractor's refusal into the spec's error body (413 for a body over
+/// the limit).
+fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the body is larger than the limit of {limit} bytes"),
+            )
+        } else {
+            ApiError::bad_request("unreadable_body", rejection.body_text())
+        }
+    })
+}
+
+async fn create_schedule(
+    State(app): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    let now_ms = app.clock.now_ms();
+    let life = booking::parse_request(&body)?.into_new_life(&app.rules(now_ms))?;
+    app.store
+        .book(
+            &life,
+            now_ms,
+            app.delay_guard_ms(),
+            app.notify_before_ms(now_ms),
+        )
+        .await?;
+    tracing::debug!(life_uuid = %life.life_uuid, "booked");
+    Ok(Json(store::booked_view(&life, app.config.timezone)))
+}
+
+fn parse_query_time(name: &str, text: &str, app: &App) -> Result<i64, ApiError> {
+    if let Ok(ms) = text.parse::<i64>() {
+        return Ok(ms);
+    }
+    booking::parse_time(text, app.config.timezone)
+        .map(|t| t.timestamp_millis())
+        .map_err(|e| ApiError::bad_request("invalid_query", format!("{name}: {e}")))
+}
+
+async fn list_schedules(
+    State(app): State<Shared>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let mut filter = ListFilter {
+        limit: 100,
+        ..Default::default()
+    };
+    for (name, value) in &query {
+        match name.as_str() {
+            "state" => {
+                value.parse::<crate::model::LifeState>().map_err(|_| {
+                    ApiError::bad_request(
+                        "invalid_query",
+                        format!("state `{value}` is not one of Inexistent, Alive, Dead, Stillbirth, Invalidated"),
+                    )
+                })?;
+                filter.state = Some(value.clone());
+            }
+            "resource_id" => filter.resource_id = Some(value.clone()),
+            "from" => filter.from_ms = Some(parse_query_time("from", value, &app)?),
+            "to" => filter.to_ms = Some(parse_query_time("to", value, &app)?),
+            "limit" => {
+                filter.limit = value
+                    .parse()
+                    .ok()
+                    .filter(|l| (1..=1000).contains(l))
+                    .ok_or_else(|| {
+                        ApiError::bad_request("invalid_query", "limit must be 1 to 1000")
+                    })?
+            }
+            "cursor" => filter.cursor = Some(value.clone()),
+            other => {
+                return Err(ApiError::bad_request(
+                    "invalid_query",
+                    format!(
+                        "unknown filter `{other}` (state, resource_id, from, to, limit, cursor)"
+                    ),
+                ))
+            }
+        }
+    }
+    let (items, next_cursor) = app.store.list(&filter).await?;
+    Ok(Json(json!({"items": items, "next_cursor": next_cursor})))
+}
+
+async fn show_schedule(
+    State(app): State<Shared>,
+    Path(life_uuid): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    match app.store.life_view(&life_uuid, 50).await? {
+        Some(view) => Ok(Json(view)),
+        None => Err(ApiError::not_found(format!("no Life `{life_uuid}`"))),
+    }
+}
+
+async fn patch_schedule(
+    State(app): State<Shared>,
+    Path(life_uuid): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    // Parse once up front so that a malformed body is a 400 whatever the Life's state.
+    booking::parse_request(&body)?;
+    // Optimistic concurrency: the script applies the change only if the Life is still at
+    // the version the merge was computed from.
+    for _ in 0..5 {
+        let Some((current, version, state)) = app.store.load_booking(&life_uuid).await? else {
+            return Err(ApiError::not_found(format!("no Life `{life_uuid}`")));
+        };
+        if state
+            .parse::<crate::model::LifeState>()
+            .map(|s| s.is_finished())
+            .unwrap_or(false)
+        {
+            return Err(ApiError::conflict(
+                "life_finished",
+                format!("Life `{life_uuid}` is {state}; a finished Life cannot change"),
+            ));
+        }
+        let now_ms = app.clock.now_ms();
+        let request: BookingRequest = booking::parse_request(&body)?;
+        let merged = request.merge_into(&current, &app.rules(now_ms))?;
+        if app
+            .store
+            .patch(
+                &current,
+                &version,
+                &merged,
+                now_ms,
+                app.delay_guard_ms(),
+                app.notify_before_ms(now_ms),
+            )
+            .await?
+        {
+            let view = app.store.life_view(&life_uuid, 50).await?;
+            return view
+                .map(Json)
+                .ok_or_else(|| ApiError::not_found(format!("no Life `{life_uuid}`")));
+        }
+    }
+    Err(ApiError::conflict(
+        "concurrent_change",
+        "the Life kept changing while this PATCH was applied; try again",
+    ))
+}
+
+async fn cancel_schedule(
+    State(app): State<Shared>,
+    Path(life_uuid): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let force = matches!(
+        query.get("force").map(String::as_str),
+        Some("true") | Some("1")
+    );
+    let now_ms = app.clock.now_ms();
+    match app
+        .store
+        .cancel(&life_uuid, force, now_ms, app.notify_before_ms(now_ms))
+        .await?
+    {
+        CancelOutcome::Done(state) => Ok(Json(json!({"life_uuid": life_uuid, "state": state}))),
+        CancelOutcome::Missing => Err(ApiError::not_found(format!("no Life `{life_uuid}`"))),
+        CancelOutcome::Finished(state) => Err(ApiError::conflict(
+            "life_finished",
+            format!("Life `{life_uuid}` is already {state}"),
+        )),
+        CancelOutcome::Running => Err(ApiError::conflict(
+            "plan_running",
+            "the birth action is running now and cannot be cancelled; use ?force=true to end the Life once it returns",
+        )),
+    }
+}
+
+async fn healthz() -> Json<Value> {
+    Json(json!({"status": "ok"}))
+}
+
+async fn readyz(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
+    app.store.ping().await?;
+    Ok(Json(
+        json!({"status": "ready", "host_id": app.config.host_id}),
+    ))
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no route for {method} {}", uri.path()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scopes_follow_method_and_route() {
+        assert_eq!(required_scope(&Method::GET, "/schedules"), Scope::Read);
+        assert_eq!(required_scope(&Method::POST, "/schedules"), Scope::Book);
+        assert_eq!(required_scope(&Method::DELETE, "/schedules/x"), Scope::Book);
+        assert_eq!(required_scope(&Method::PUT, "/plugins/x"), Scope::Admin);
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+}

@@ -1,0 +1,635 @@
+//! Reading and validating bookings (SPEC section 2).
+//!
+//! A `POST /schedules` body becomes a [`NewLife`] here, or an [`ApiError`] with the spec's
+//! status and code. Checks run in the order of the spec's validation table: shape, times
+//! and required fields (400), term order and minimum term (400), the execution guard
+//! (406). The checks that need Redis (resource overlap, duplicate id: 409) run atomically
+//! in the store's booking script.
+
+use std::collections::BTreeMap;
+
+use axum::http::{Method, Uri};
+use chrono::{DateTime, LocalResult, NaiveDateTime, TimeZone, Utc};
+use chrono_tz::Tz;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::model::{Action, PluginAction, ScheduleType, WebhookAction};
+
+/// A validated booking, ready for the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewLife {
+    pub life_uuid: String,
+    pub schedule_type: ScheduleType,
+    pub resource_id: Option<String>,
+    pub birth_at_ms: i64,
+    /// Set for term Lives only.
+    pub death_at_ms: Option<i64>,
+    pub birth_action: Action,
+    /// Set for term Lives only.
+    pub death_action: Option<Action>,
+}
+
+impl NewLife {
+    /// The last fire time: death for a term, birth for a point.
+    pub fn end_at_ms(&self) -> i64 {
+        self.death_at_ms.unwrap_or(self.birth_at_ms)
+    }
+}
+
+/// What validation needs from the host's configuration and the moment.
+pub struct Rules<'a> {
+    pub timezone: Tz,
+    pub minimum_life_term_ms: i64,
+    pub execution_guard_ms: i64,
+    pub now_ms: i64,
+    pub gateway_configured: bool,
+    /// Whether a plugin name (`name` or `name@version`) is registered.
+    pub plugin_exists: &'a dyn Fn(&str) -> bool,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct TermTimes {
+    birth_time: Option<String>,
+    death_time: Option<String>,
+}
+
+/// The body of `POST /schedules` and `PATCH /schedules/{id}`, in both spellings.
+#[derive(Debug, Default, Deserialize)]
+pub struct BookingRequest {
+    life_uuid: Option<String>,
+    schedule_type: Option<String>,
+    resource_id: Option<String>,
+    term: Option<TermTimes>,
+    birth_time: Option<String>,
+    death_time: Option<String>,
+    birth: Option<Value>,
+    death: Option<Value>,
+    birth_action: Option<Value>,
+    death_action: Option<Value>,
+}
+
+/// Action fields as written by a client; `deny_unknown_fields` turns a typo such as
+/// `retry_cont` into a 400 instead of a silently ignored setting.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAction {
+    path: Option<String>,
+    url: Option<String>,
+    method: Option<String>,
+    headers: Option<BTreeMap<String, String>>,
+    body: Option<Value>,
+    connect_timeout: Option<Value>,
+    request_timeout: Option<Value>,
+    retry_count: Option<u32>,
+    retry_interval: Option<Value>,
+    plugin: Option<String>,
+    input: Option<Value>,
+    timeout: Option<Value>,
+}
+
+/// Longest retry_count accepted: more is almost certainly a mistake.
+const MAX_RETRY_COUNT: u32 = 1000;
+
+fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
+    ApiError::bad_request(code, message)
+}
+
+/// Parses a request body as JSON into a [`BookingRequest`].
+pub fn parse_request(body: &[u8]) -> Result<BookingRequest, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| bad("invalid_json", format!("the body is not valid JSON: {e}")))?;
+    if !value.is_object() {
+        return Err(bad("invalid_body", "the body must be a JSON object"));
+    }
+    serde_json::from_value(value).map_err(|e| {
+        bad(
+            "invalid_body",
+            format!("the body has a field of the wrong type: {e}"),
+        )
+    })
+}
+
+/// Reads a time as `%Y-%m-%d %H:%M:%S` in `tz`, or as RFC 3339 with an offset.
+pub fn parse_time(text: &str, tz: Tz) -> Result<DateTime<Utc>, String> {
+    let text = text.trim();
+    if let Ok(t) = DateTime::parse_from_rfc3339(text) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    let naive = NaiveDateTime::parse_from_str(text, "%Y-%m-%d %H:%M:%S%.f").map_err(|_| {
+        format!("`{text}` is not a time: use `YYYY-MM-DD HH:MM:SS` (in {tz}) or RFC 3339 with an offset")
+    })?;
+    match tz.from_local_datetime(&naive) {
+        LocalResult::Single(t) => Ok(t.with_timezone(&Utc)),
+        // An autumn hour that happens twice: the first one, as a person reading a clock
+        // would first reach it.
+        LocalResult::Ambiguous(first, _) => Ok(first.with_timezone(&Utc)),
+        LocalResult::None => Err(format!(
+            "`{text}` does not exist in {tz} (it falls in a daylight-saving gap); give an RFC 3339 time with an offset"
+        )),
+    }
+}
+
+/// Reads a duration given as seconds (fractions allowed) or a string such as `500ms`.
+fn parse_seconds(field: &str, value: &Value) -> Result<u64, ApiError> {
+    let duration = match value {
+        Value::Number(n) => match n.as_f64() {
+            Some(secs) if secs.is_finite() && secs >= 0.0 => {
+                std::time::Duration::from_secs_f64(secs)
+            }
+            _ => {
+                return Err(bad(
+                    "invalid_duration",
+                    format!("{field} must be zero or more seconds"),
+                ))
+            }
+        },
+        Value::String(s) => crate::config::parse_duration(s, std::time::Duration::from_secs(1))
+            .map_err(|e| bad("invalid_duration", format!("{field}: {e}")))?,
+        _ => {
+            return Err(bad(
+                "invalid_duration",
+                format!("{field} must be a number of seconds or a string such as \"500ms\""),
+            ))
+        }
+    };
+    Ok(duration.as_millis() as u64)
+}
+
+fn opt_seconds(field: &str, value: &Option<Value>) -> Result<Option<u64>, ApiError> {
+    value.as_ref().map(|v| parse_seconds(field, v)).transpose()
+}
+
+/// Checks and normalizes one action. `which` is `birth` or `death`, for messages.
+pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action, ApiError> {
+    if !value.is_object() {
+        return Err(bad("invalid_action", format!("{which} must be an object")));
+    }
+    let raw: RawAction = serde_json::from_value(value.clone())
+        .map_err(|e| bad("invalid_action", format!("{which}: {e}")))?;
+    let retry_count = raw.retry_count.unwrap_or(0);
+    if retry_count > MAX_RETRY_COUNT {
+        return Err(bad(
+            "invalid_action",
+            format!("{which}.retry_count must be at most {MAX_RETRY_COUNT}"),
+        ));
+    }
+    let retry_interval_ms =
+        opt_seconds(&format!("{which}.retry_interval"), &raw.retry_interval)?.unwrap_or(0);
+
+    if let Some(plugin) = raw.plugin {
+        if raw.path.is_some() || raw.url.is_some() || raw.method.is_some() || raw.body.is_some() {
+            return Err(bad(
+                "invalid_action",
+                format!("{which}: a plugin action takes plugin, input, timeout, retry_count and retry_interval, not webhook fields"),
+            ));
+        }
+        if !(rules.plugin_exists)(&plugin) {
+            return Err(bad(
+                "unknown_plugin",
+                format!("{which}: no plugin `{plugin}` is registered (see GET /plugins)"),
+            ));
+        }
+        return Ok(Action::Plugin(PluginAction {
+            plugin,
+            input: raw.input.unwrap_or(Value::Null),
+            timeout_ms: opt_seconds(&format!("{which}.timeout"), &raw.timeout)?,
+            retry_count,
+            retry_interval_ms,
+        }));
+    }
+    if raw.input.is_some() || raw.timeout.is_some() {
+        return Err(bad(
+            "invalid_action",
+            format!("{which}: input and timeout belong to plugin actions; a webhook takes path or url, method, headers, body"),
+        ));
+    }
+    let method = raw
+        .method
+        .ok_or_else(|| bad("invalid_action", format!("{which}.method is required")))?;
+    let method = method.to_ascii_uppercase();
+    Method::from_bytes(method.as_bytes()).map_err(|_| {
+        bad(
+            "invalid_action",
+            format!("{which}.method `{method}` is not an HTTP method"),
+        )
+    })?;
+    match (&raw.path, &raw.url) {
+        (Some(_), Some(_)) => {
+            return Err(bad(
+                "invalid_action",
+                format!("{which}: give path or url, not both"),
+            ))
+        }
+        (None, None) => {
+            return Err(bad(
+                "invalid_action",
+                format!("{which}: path (relative to the gateway) or url is required"),
+            ))
+        }
+        (Some(path), None) => {
+            if !path.starts_with('/') {
+                return Err(bad(
+                    "invalid_action",
+                    format!("{which}.path must start with /"),
+                ));
+            }
+            if !rules.gateway_configured {
+                return Err(bad(
+                    "no_gateway",
+                    format!("{which}.path needs the host's gateway_url, which is not configured; give an absolute url instead"),
+                ));
+            }
+        }
+        (None, Some(url)) => {
+            let uri: Uri = url.parse().map_err(|_| {
+                bad(
+                    "invalid_action",
+                    format!("{which}.url `{url}` is not a URL"),
+                )
+            })?;
+            let scheme_ok = matches!(uri.scheme_str(), Some("http") | Some("https"));
+            if !scheme_ok || uri.host().is_none() {
+                return Err(bad(
+                    "invalid_action",
+                    format!("{which}.url `{url}` must be an absolute http:// or https:// URL"),
+                ));
+            }
+        }
+    }
+    let headers = raw.headers.unwrap_or_default();
+    for (name, value) in &headers {
+        if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err()
+            || axum::http::HeaderValue::from_str(value).is_err()
+        {
+            return Err(bad(
+                "invalid_action",
+                format!("{which}.headers: `{name}` is not a valid header"),
+            ));
+        }
+    }
+    Ok(Action::Webhook(WebhookAction {
+        path: raw.path,
+        url: raw.url,
+        method,
+        headers,
+        body: raw.body,
+        connect_timeout_ms: opt_seconds(&format!("{which}.connect_timeout"), &raw.connect_timeout)?,
+        request_timeout_ms: opt_seconds(&format!("{which}.request_timeout"), &raw.request_timeout)?,
+        retry_count,
+        retry_interval_ms,
+    }))
+}
+
+/// Checks a life id: 1 to 64 characters of letters, digits, `-` and `_` (it is part of
+/// Redis keys, where `:` separates).
+pub fn check_life_uuid(id: &str) -> Result<(), ApiError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(bad(
+            "invalid_life_uuid",
+            "life_uuid must be 1 to 64 letters, digits, '-' or '_'",
+        ))
+    }
+}
+
+/// A fresh life id: 32 lower-case hex characters.
+pub fn new_life_uuid() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+impl BookingRequest {
+    fn birth_time(&self) -> Option<&String> {
+        self.term
+            .as_ref()
+            .and_then(|t| t.birth_time.as_ref())
+            .or(self.birth_time.as_ref())
+    }
+
+    fn death_time(&self) -> Option<&String> {
+        self.term
+            .as_ref()
+            .and_then(|t| t.death_time.as_ref())
+            .or(self.death_time.as_ref())
+    }
+
+    fn birth_action(&self) -> Option<&Value> {
+        self.birth.as_ref().or(self.birth_action.as_ref())
+    }
+
+    fn death_action(&self) -> Option<&Value> {
+        self.death.as_ref().or(self.death_action.as_ref())
+    }
+
+    /// Validates a new booking (all checks of the table that need no Redis).
+    pub fn into_new_life(self, rules: &Rules) -> Result<NewLife, ApiError> {
+        let life_uuid = match &self.life_uuid {
+            Some(id) => {
+                check_life_uuid(id)?;
+                id.clone()
+            }
+            None => new_life_uuid(),
+        };
+        self.build(life_uuid, None, rules)
+    }
+
+    /// Applies a PATCH to an existing booking and validates the result as a whole.
+    pub fn merge_into(self, current: &NewLife, rules: &Rules) -> Result<NewLife, ApiError> {
+        if let Some(id) = &self.life_uuid {
+            if id != &current.life_uuid {
+                return Err(bad("invalid_body", "life_uuid cannot be changed"));
+            }
+        }
+        let id = current.life_uuid.clone();
+        self.build(id, Some(current), rules)
+    }
+
+    fn build(
+        self,
+        life_uuid: String,
+        current: Option<&NewLife>,
+        rules: &Rules,
+    ) -> Result<NewLife, ApiError> {
+        let schedule_type = match (&self.schedule_type, current) {
+            (Some(t), cur) => {
+                let parsed = match t.as_str() {
+                    "point" => ScheduleType::Point,
+                    "term" => ScheduleType::Term,
+                    other => {
+                        return Err(bad(
+                            "invalid_schedule_type",
+                            format!("schedule_type `{other}` is not point or term"),
+                        ))
+                    }
+                };
+                if let Some(cur) = cur {
+                    if cur.schedule_type != parsed {
+                        return Err(bad("invalid_body", "schedule_type cannot be changed"));
+                    }
+                }
+                parsed
+            }
+            (None, Some(cur)) => cur.schedule_type,
+            (None, None) if self.death_time().is_some() => ScheduleType::Term,
+            (None, None) => ScheduleType::Point,
+        };
+        let resource_id = match (&self.resource_id, current) {
+            (Some(r), _) => {
+                if r.is_empty() || r.len() > 256 || r.chars().any(char::is_control) {
+                    return Err(bad(
+                        "invalid_resource_id",
+                        "resource_id must be 1 to 256 characters without control characters",
+                    ));
+                }
+                Some(r.clone())
+            }
+            (None, Some(cur)) => cur.resource_id.clone(),
+            (None, None) => None,
+        };
+        let birth_at_ms = match (self.birth_time(), current) {
+            (Some(text), _) => parse_time(text, rules.timezone)
+                .map_err(|e| bad("invalid_time", format!("birth_time: {e}")))?
+                .timestamp_millis(),
+            (None, Some(cur)) => cur.birth_at_ms,
+            (None, None) => return Err(bad("missing_field", "birth_time is required")),
+        };
+        let birth_action = match (self.birth_action(), current) {
+            (Some(v), _) => parse_action("birth", v, rules)?,
+            (None, Some(cur)) => cur.birth_action.clone(),
+            (None, None) => {
+                return Err(bad("missing_field", "birth (the birth action) is required"))
+            }
+        };
+        let (death_at_ms, death_action) = match schedule_type {
+            ScheduleType::Point => {
+                if self.death_time().is_some() || self.death_action().is_some() {
+                    return Err(bad(
+                        "invalid_body",
+                        "a point Life has no death_time or death action; use schedule_type term",
+                    ));
+                }
+                (None, None)
+            }
+            ScheduleType::Term => {
+                let death_at_ms = match (self.death_time(), current.and_then(|c| c.death_at_ms)) {
+                    (Some(text), _) => parse_time(text, rules.timezone)
+                        .map_err(|e| bad("invalid_time", format!("death_time: {e}")))?
+                        .timestamp_millis(),
+                    (None, Some(ms)) => ms,
+                    (None, None) => {
+                        return Err(bad(
+                            "missing_field",
+                            "death_time is required for a term Life",
+                        ))
+                    }
+                };
+                let death_action = match (
+                    self.death_action(),
+                    current.and_then(|c| c.death_action.as_ref()),
+                ) {
+                    (Some(v), _) => parse_action("death", v, rules)?,
+                    (None, Some(a)) => a.clone(),
+                    (None, None) => {
+                        return Err(bad(
+                            "missing_field",
+                            "death (the death action) is required for a term Life",
+                        ))
+                    }
+                };
+                if birth_at_ms >= death_at_ms {
+                    return Err(bad(
+                        "birth_not_before_death",
+                        "birth_time must be before death_time",
+                    ));
+                }
+                if birth_at_ms + rules.minimum_life_term_ms > death_at_ms {
+                    return Err(bad(
+                        "term_too_short",
+                        format!(
+                            "the term is shorter than minimum_life_term ({} s)",
+                            rules.minimum_life_term_ms as f64 / 1000.0
+                        ),
+                    ));
+                }
+                (Some(death_at_ms), Some(death_action))
+            }
+        };
+        let guard = rules.now_ms + rules.execution_guard_ms;
+        for (name, at) in [
+            ("birth_time", Some(birth_at_ms)),
+            ("death_time", death_at_ms),
+        ] {
+            if let Some(at) = at {
+                if at <= guard {
+                    return Err(ApiError::new(
+                        axum::http::StatusCode::NOT_ACCEPTABLE,
+                        "too_soon",
+                        format!(
+                            "{name} must be more than execution_guard_time ({} s) from now",
+                            rules.execution_guard_ms as f64 / 1000.0
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(NewLife {
+            life_uuid,
+            schedule_type,
+            resource_id,
+            birth_at_ms,
+            death_at_ms,
+            birth_action,
+            death_action,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn rules(now_ms: i64) -> Rules<'static> {
+        Rules {
+            timezone: chrono_tz::Asia::Tokyo,
+            minimum_life_term_ms: 180_000,
+            execution_guard_ms: 30_000,
+            now_ms,
+            gateway_configured: true,
+            plugin_exists: &|name| name == "known",
+        }
+    }
+
+    fn book(body: Value, now_ms: i64) -> Result<NewLife, ApiError> {
+        parse_request(body.to_string().as_bytes())?.into_new_life(&rules(now_ms))
+    }
+
+    const NOW: i64 = 1_765_000_000_000; // 2025-12-06
+
+    #[test]
+    fn local_times_use_the_zone_and_rfc3339_its_offset() {
+        let tokyo = parse_time("2026-12-15 15:05:00", chrono_tz::Asia::Tokyo).unwrap();
+        assert_eq!(tokyo.to_rfc3339(), "2026-12-15T06:05:00+00:00");
+        let rfc = parse_time("2026-12-15T15:05:00+09:00", chrono_tz::UTC).unwrap();
+        assert_eq!(rfc, tokyo);
+        let gap = parse_time("2026-03-29 01:30:00", chrono_tz::Europe::London);
+        assert!(gap.unwrap_err().contains("daylight-saving gap"));
+        let twice = parse_time("2026-10-25 01:30:00", chrono_tz::Europe::London).unwrap();
+        assert_eq!(twice.to_rfc3339(), "2026-10-25T00:30:00+00:00");
+        assert!(parse_time("tomorrow", chrono_tz::UTC).is_err());
+    }
+
+    #[test]
+    fn nested_and_flat_spellings_are_the_same_booking() {
+        let nested = book(
+            json!({"life_uuid": "a1", "schedule_type": "term", "resource_id": "r",
+                   "term": {"birth_time": "2026-12-15 15:05:00", "death_time": "2026-12-15 15:08:00"},
+                   "birth": {"path": "/t", "method": "post"}, "death": {"path": "/t", "method": "POST"}}),
+            NOW,
+        )
+        .unwrap();
+        let flat = book(
+            json!({"life_uuid": "a1", "schedule_type": "term", "resource_id": "r",
+                   "birth_time": "2026-12-15 15:05:00", "death_time": "2026-12-15 15:08:00",
+                   "birth_action": {"path": "/t", "method": "POST"}, "death_action": {"path": "/t", "method": "POST"}}),
+            NOW,
+        )
+        .unwrap();
+        assert_eq!(nested, flat);
+        assert_eq!(nested.death_at_ms.unwrap() - nested.birth_at_ms, 180_000);
+    }
+
+    #[test]
+    fn the_validation_table_in_order() {
+        let code = |body: Value| book(body, NOW).unwrap_err().code;
+        let action = json!({"path": "/t", "method": "POST"});
+        assert_eq!(code(json!({"birth": action})), "missing_field");
+        assert_eq!(
+            code(json!({"birth_time": "soon", "birth": action})),
+            "invalid_time"
+        );
+        assert_eq!(
+            code(json!({"birth_time": "2026-12-15 15:05:00", "birth": {"plugin": "nope"}})),
+            "unknown_plugin"
+        );
+        assert_eq!(
+            code(
+                json!({"birth_time": "2026-12-15 15:05:00", "birth": {"path": "/t", "method": "POST", "retry_cont": 3}})
+            ),
+            "invalid_action"
+        );
+        assert_eq!(
+            code(
+                json!({"schedule_type": "term", "birth_time": "2026-12-15 15:08:00", "death_time": "2026-12-15 15:05:00", "birth": action, "death": action})
+            ),
+            "birth_not_before_death"
+        );
+        assert_eq!(
+            code(
+                json!({"schedule_type": "term", "birth_time": "2026-12-15 15:05:00", "death_time": "2026-12-15 15:07:59", "birth": action, "death": action})
+            ),
+            "term_too_short"
+        );
+        let err = book(
+            json!({"birth_time": chrono::DateTime::from_timestamp_millis(NOW + 30_000).unwrap().to_rfc3339(), "birth": action}),
+            NOW,
+        )
+        .unwrap_err();
+        assert_eq!((err.status.as_u16(), err.code), (406, "too_soon"));
+        assert!(book(
+            json!({"birth_time": chrono::DateTime::from_timestamp_millis(NOW + 30_001).unwrap().to_rfc3339(), "birth": action}),
+            NOW
+        )
+        .is_ok());
+    }
+
+    #[test]
+    fn action_durations_take_seconds_or_strings() {
+        let life = book(
+            json!({"birth_time": "2026-12-15 15:05:00",
+                   "birth": {"url": "http://example.com/x", "method": "GET", "retry_count": 2,
+                             "retry_interval": 1.5, "request_timeout": "250ms", "connect_timeout": 2}}),
+            NOW,
+        )
+        .unwrap();
+        let Action::Webhook(w) = life.birth_action else {
+            panic!("webhook expected")
+        };
+        assert_eq!(w.retry_interval_ms, 1500);
+        assert_eq!(w.request_timeout_ms, Some(250));
+        assert_eq!(w.connect_timeout_ms, Some(2000));
+        assert_eq!(life.life_uuid.len(), 32);
+    }
+
+    #[test]
+    fn patch_merges_then_revalidates() {
+        let action = json!({"path": "/t", "method": "POST"});
+        let current = book(
+            json!({"life_uuid": "p1", "schedule_type": "term", "birth_time": "2026-12-15 15:05:00",
+                   "death_time": "2026-12-15 16:00:00", "birth": action, "death": action}),
+            NOW,
+        )
+        .unwrap();
+        let moved = parse_request(br#"{"death_time": "2026-12-15 17:00:00"}"#)
+            .unwrap()
+            .merge_into(&current, &rules(NOW))
+            .unwrap();
+        assert_eq!(
+            moved.death_at_ms.unwrap() - current.death_at_ms.unwrap(),
+            3_600_000
+        );
+        assert_eq!(moved.birth_at_ms, current.birth_at_ms);
+        let err = parse_request(br#"{"death_time": "2026-12-15 15:06:00"}"#)
+            .unwrap()
+            .merge_into(&current, &rules(NOW))
+            .unwrap_err();
+        assert_eq!(err.code, "term_too_short");
+    }
+}

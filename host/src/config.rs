@@ -1,0 +1,718 @@
+//! Startup configuration: every parameter of SPEC section 4 (plus the operational ones)
+//! from a flag, a `KAIROS_*` environment variable or a TOML file, in that order of
+//! precedence, then the default.
+//!
+//! Flags and env vars are read by clap ([`ServeArgs`]); the file is a flat TOML table whose
+//! keys are the parameter names (`booking_plan_watch_interval = "10s"`). Durations take a
+//! plain number in the parameter's unit or a humantime string (`500ms`, `30s`, `3m`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono_tz::Tz;
+use clap::Args;
+use thiserror::Error;
+
+/// A configuration value that could not be used; the message names the parameter.
+#[derive(Debug, Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// What a bearer token may do. Scopes nest: `admin` may do everything `book` may, and
+/// `book` everything `read` may, so one token per service is enough.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    /// Look at bookings, timers, queues, plugins.
+    Read,
+    /// Create, change and cancel bookings.
+    Book,
+    /// Manage plugins, queues and the host itself.
+    Admin,
+}
+
+impl Scope {
+    fn parse(s: &str) -> Result<Self, ConfigError> {
+        match s {
+            "read" => Ok(Scope::Read),
+            "book" => Ok(Scope::Book),
+            "admin" => Ok(Scope::Admin),
+            other => Err(ConfigError(format!(
+                "unknown API token scope `{other}` (expected read, book or admin)"
+            ))),
+        }
+    }
+}
+
+/// Flags of `kairos serve`. Every value is optional here: [`Config::resolve`] merges them
+/// with the config file and the defaults.
+#[derive(Debug, Clone, Default, Args)]
+pub struct ServeArgs {
+    /// TOML file with any of the parameters below as top-level keys.
+    #[arg(long, env = "KAIROS_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// Redis to use, e.g. redis://127.0.0.1:6379/0. When absent, kairos starts and
+    /// supervises its own redis-server (append-only file on) under --data-dir.
+    #[arg(long, env = "KAIROS_REDIS_URL")]
+    pub redis_url: Option<String>,
+    /// Address of the REST API [default: 127.0.0.1:8080].
+    #[arg(long, env = "KAIROS_LISTEN")]
+    pub listen: Option<String>,
+    /// Allow listening on a non-loopback address without API tokens.
+    #[arg(long, env = "KAIROS_INSECURE")]
+    pub insecure: bool,
+    /// Base URL that webhook `path`s are joined to, e.g. http://gateway:8000.
+    #[arg(long, env = "KAIROS_GATEWAY_URL")]
+    pub gateway_url: Option<String>,
+    /// Prefix of every Redis key [default: kairos]. Use a hash tag such as `{kairos}` on a
+    /// Redis Cluster so that each multi-key script stays in one slot.
+    #[arg(long, env = "KAIROS_KEY_PREFIX")]
+    pub key_prefix: Option<String>,
+    /// IANA zone of booking times written without an offset [default: UTC].
+    #[arg(long, env = "KAIROS_TIMEZONE")]
+    pub timezone: Option<String>,
+    /// Longest gap between two scans of Redis for due Plans (ms) [default: 10s].
+    #[arg(long, env = "KAIROS_BOOKING_PLAN_WATCH_INTERVAL")]
+    pub booking_plan_watch_interval: Option<String>,
+    /// Look-ahead: Plans due within it are claimed into memory (ms) [default: 5m].
+    #[arg(long, env = "KAIROS_PRESET_EXECUTION_TIME")]
+    pub preset_execution_time: Option<String>,
+    /// Shortest term of a term Life (ms) [default: 3m].
+    #[arg(long, env = "KAIROS_MINIMUM_LIFE_TERM")]
+    pub minimum_life_term: Option<String>,
+    /// A time closer than this to now is refused with 406 (ms) [default: 30s].
+    #[arg(long, env = "KAIROS_EXECUTION_GUARD_TIME")]
+    pub execution_guard_time: Option<String>,
+    /// Margin around a resource's bookings for the 409 conflict check (ms) [default: 60m].
+    #[arg(long, env = "KAIROS_EXECUTION_DELAY_GUARD_TIME")]
+    pub execution_delay_guard_time: Option<String>,
+    /// A birth later than this is Invalidated instead of run (ms) [default: 3m].
+    #[arg(long, env = "KAIROS_BIRTH_DELAY_LIMIT_TIME")]
+    pub birth_delay_limit_time: Option<String>,
+    /// Retry period of a failing death action (ms) [default: 1m].
+    #[arg(long, env = "KAIROS_DEATH_RETRY_INTERVAL")]
+    pub death_retry_interval: Option<String>,
+    /// Retention of history and finished Lives, in days (fractions allowed) [default: 1].
+    #[arg(long, env = "KAIROS_SCHEDULE_HISTORY_DURATION_DAYS")]
+    pub schedule_history_duration_days: Option<String>,
+    /// Bound of the queue of fired Plans waiting for a worker [default: 256].
+    #[arg(long, env = "KAIROS_TIMEDOUT_QUEUE_MAX_SIZE")]
+    pub timedout_queue_max_size: Option<String>,
+    /// Response codes that are retried; 599 is a connect error or timeout
+    /// [default: 500,502,503,504,599].
+    #[arg(long, env = "KAIROS_EXECUTION_RETRY_CODES")]
+    pub execution_retry_codes: Option<String>,
+    /// Number of concurrent action runs on this host [default: 64].
+    #[arg(long, env = "KAIROS_WORKERS")]
+    pub workers: Option<String>,
+    /// Most Plans this host holds claimed in memory at once [default: 100000].
+    #[arg(long, env = "KAIROS_MAX_CLAIMED")]
+    pub max_claimed: Option<String>,
+    /// How long a host's claim on its Plans lasts without a heartbeat (ms) [default: 30s].
+    #[arg(long, env = "KAIROS_LEASE_TTL")]
+    pub lease_ttl: Option<String>,
+    /// API bearer tokens, comma separated, each `TOKEN:scope` with scope read, book or
+    /// admin. Without tokens the API is open (loopback only unless --insecure).
+    #[arg(long, env = "KAIROS_API_TOKENS")]
+    pub api_tokens: Option<String>,
+    /// Largest accepted request body in bytes [default: 1048576].
+    #[arg(long, env = "KAIROS_MAX_BODY_BYTES")]
+    pub max_body_bytes: Option<String>,
+    /// Where a self-managed redis-server keeps its data [default: ./.kairos-data].
+    #[arg(long, env = "KAIROS_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// Name of this host in leases and history [default: hostname-pid-random].
+    #[arg(long, env = "KAIROS_HOST_ID")]
+    pub host_id: Option<String>,
+    /// HMAC-SHA256 key for the X-Kairos-Signature header of webhooks.
+    #[arg(long, env = "KAIROS_SIGNING_KEY")]
+    pub signing_key: Option<String>,
+    /// Outbound allowlist for absolute webhook `url`s, comma separated `host` or
+    /// `host:port`; `*` allows any public address. Loopback, link-local and private
+    /// addresses are refused unless listed by name. The gateway is always allowed.
+    #[arg(long, env = "KAIROS_ALLOWED_HOSTS")]
+    pub allowed_hosts: Option<String>,
+    /// Most bytes of a webhook response body that are read [default: 65536].
+    #[arg(long, env = "KAIROS_RESPONSE_BODY_LIMIT")]
+    pub response_body_limit: Option<String>,
+    /// Default connect timeout of webhook actions (s) [default: 10s].
+    #[arg(long, env = "KAIROS_CONNECT_TIMEOUT")]
+    pub connect_timeout: Option<String>,
+    /// Default request timeout of webhook actions (s) [default: 30s].
+    #[arg(long, env = "KAIROS_REQUEST_TIMEOUT")]
+    pub request_timeout: Option<String>,
+}
+
+/// An API token and the scope it grants.
+#[derive(Debug, Clone)]
+pub struct ApiToken {
+    /// The secret a client sends as `Authorization: Bearer {token}`.
+    pub token: String,
+    /// The highest scope it grants.
+    pub scope: Scope,
+}
+
+/// One entry of the outbound allowlist.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AllowedHost {
+    /// `*`: any host whose addresses are all public.
+    AnyPublic,
+    /// A host name or address, on any port or on one port.
+    Host {
+        /// Lower-case host name or IP literal.
+        host: String,
+        /// Port, when the entry named one.
+        port: Option<u16>,
+    },
+}
+
+/// The resolved configuration a host runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub redis_url: Option<String>,
+    pub listen: SocketAddr,
+    pub insecure: bool,
+    pub gateway_url: Option<String>,
+    pub key_prefix: String,
+    pub timezone: Tz,
+    pub booking_plan_watch_interval: Duration,
+    pub preset_execution_time: Duration,
+    pub minimum_life_term: Duration,
+    pub execution_guard_time: Duration,
+    pub execution_delay_guard_time: Duration,
+    pub birth_delay_limit_time: Duration,
+    pub death_retry_interval: Duration,
+    /// Retention of history and finished Lives.
+    pub history_retention: Duration,
+    pub timedout_queue_max_size: usize,
+    pub execution_retry_codes: Vec<u16>,
+    pub workers: usize,
+    pub max_claimed: usize,
+    pub lease_ttl: Duration,
+    pub api_tokens: Vec<ApiToken>,
+    pub max_body_bytes: usize,
+    pub data_dir: PathBuf,
+    pub host_id: String,
+    pub signing_key: Option<String>,
+    pub allowed_hosts: Vec<AllowedHost>,
+    pub response_body_limit: usize,
+    pub connect_timeout: Duration,
+    pub request_timeout: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config::resolve(&ServeArgs::default()).expect("defaults are valid")
+    }
+}
+
+/// Values from the config file, keyed by parameter name, as strings.
+type FileValues = BTreeMap<String, String>;
+
+fn read_file(path: &PathBuf) -> Result<FileValues, ConfigError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ConfigError(format!("cannot read config file {}: {e}", path.display())))?;
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| ConfigError(format!("config file {} is not TOML: {e}", path.display())))?;
+    let mut values = FileValues::new();
+    for (key, value) in table {
+        if !KNOWN_KEYS.contains(&key.as_str()) {
+            return Err(ConfigError(format!(
+                "config file {}: unknown key `{key}`",
+                path.display()
+            )));
+        }
+        let text = match value {
+            toml::Value::String(s) => s,
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(b) => b.to_string(),
+            toml::Value::Array(items) => items
+                .iter()
+                .map(|v| match v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+            other => {
+                return Err(ConfigError(format!(
+                    "config file {}: `{key}` has an unsupported value {other}",
+                    path.display()
+                )))
+            }
+        };
+        values.insert(key, text);
+    }
+    Ok(values)
+}
+
+const KNOWN_KEYS: &[&str] = &[
+    "redis_url",
+    "listen",
+    "insecure",
+    "gateway_url",
+    "key_prefix",
+    "timezone",
+    "booking_plan_watch_interval",
+    "preset_execution_time",
+    "minimum_life_term",
+    "execution_guard_time",
+    "execution_delay_guard_time",
+    "birth_delay_limit_time",
+    "death_retry_interval",
+    "schedule_history_duration_days",
+    "timedout_queue_max_size",
+    "execution_retry_codes",
+    "workers",
+    "max_claimed",
+    "lease_ttl",
+    "api_tokens",
+    "max_body_bytes",
+    "data_dir",
+    "host_id",
+    "signing_key",
+    "allowed_hosts",
+    "response_body_limit",
+    "connect_timeout",
+    "request_timeout",
+];
+
+/// Parses a duration: a plain number (fractions allowed) in `unit`, or a humantime string
+/// such as `500ms`, `30s`, `3m`, `1h 30m`.
+pub fn parse_duration(text: &str, unit: Duration) -> Result<Duration, String> {
+    let text = text.trim();
+    if let Ok(number) = text.parse::<f64>() {
+        if !number.is_finite() || number < 0.0 {
+            return Err(format!("`{text}` is not a duration of zero or more"));
+        }
+        return Ok(unit.mul_f64(number));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| format!("`{text}` is not a duration (a number or e.g. 500ms, 30s, 3m): {e}"))
+}
+
+struct Resolver<'a> {
+    file: FileValues,
+    _args: &'a ServeArgs,
+}
+
+impl Resolver<'_> {
+    /// The flag/env value if given, else the file's, else None.
+    fn pick(&self, name: &str, cli: &Option<String>) -> Option<String> {
+        cli.clone().or_else(|| self.file.get(name).cloned())
+    }
+
+    fn duration(
+        &self,
+        name: &str,
+        cli: &Option<String>,
+        unit: Duration,
+        default: Duration,
+    ) -> Result<Duration, ConfigError> {
+        match self.pick(name, cli) {
+            None => Ok(default),
+            Some(text) => {
+                parse_duration(&text, unit).map_err(|e| ConfigError(format!("{name}: {e}")))
+            }
+        }
+    }
+
+    fn number<T: std::str::FromStr>(
+        &self,
+        name: &str,
+        cli: &Option<String>,
+        default: T,
+    ) -> Result<T, ConfigError> {
+        match self.pick(name, cli) {
+            None => Ok(default),
+            Some(text) => text
+                .trim()
+                .parse()
+                .map_err(|_| ConfigError(format!("{name}: `{text}` is not a valid number"))),
+        }
+    }
+}
+
+const MS: Duration = Duration::from_millis(1);
+const SECOND: Duration = Duration::from_secs(1);
+
+impl Config {
+    /// Merges flags and env vars (already in `args`), the config file they name, and the
+    /// defaults of SPEC section 4.
+    pub fn resolve(args: &ServeArgs) -> Result<Config, ConfigError> {
+        let file = match &args.config {
+            Some(path) => read_file(path)?,
+            None => FileValues::new(),
+        };
+        let r = Resolver { file, _args: args };
+        let listen_text = r
+            .pick("listen", &args.listen)
+            .unwrap_or_else(|| "127.0.0.1:8080".into());
+        let listen: SocketAddr = listen_text.parse().map_err(|_| {
+            ConfigError(format!(
+                "listen: `{listen_text}` is not an address like 127.0.0.1:8080"
+            ))
+        })?;
+        let timezone_text = r
+            .pick("timezone", &args.timezone)
+            .unwrap_or_else(|| "UTC".into());
+        let timezone: Tz = timezone_text.parse().map_err(|_| {
+            ConfigError(format!(
+                "timezone: `{timezone_text}` is not an IANA zone such as Asia/Tokyo"
+            ))
+        })?;
+        let retention_days: f64 = r.number(
+            "schedule_history_duration_days",
+            &args.schedule_history_duration_days,
+            1.0,
+        )?;
+        if !retention_days.is_finite() || retention_days <= 0.0 {
+            return Err(ConfigError(
+                "schedule_history_duration_days: must be more than 0".into(),
+            ));
+        }
+        let codes_text = r
+            .pick("execution_retry_codes", &args.execution_retry_codes)
+            .unwrap_or_else(|| "500,502,503,504,599".into());
+        let execution_retry_codes = codes_text
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(|s| match s.parse::<u16>() {
+                Ok(code) if (100..=599).contains(&code) => Ok(code),
+                _ => Err(ConfigError(format!(
+                    "execution_retry_codes: `{s}` is not an HTTP status code"
+                ))),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let api_tokens = match r.pick("api_tokens", &args.api_tokens) {
+            None => Vec::new(),
+            Some(text) => parse_tokens(&text)?,
+        };
+        let allowed_hosts = match r.pick("allowed_hosts", &args.allowed_hosts) {
+            None => Vec::new(),
+            Some(text) => parse_allowed_hosts(&text)?,
+        };
+        let gateway_url = r
+            .pick("gateway_url", &args.gateway_url)
+            .map(|s| s.trim_end_matches('/').to_string());
+        if let Some(url) = &gateway_url {
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(ConfigError(format!(
+                    "gateway_url: `{url}` must start with http:// or https://"
+                )));
+            }
+        }
+        let insecure =
+            args.insecure || r.file.get("insecure").map(|v| v == "true").unwrap_or(false);
+        let config = Config {
+            redis_url: r.pick("redis_url", &args.redis_url),
+            listen,
+            insecure,
+            gateway_url,
+            key_prefix: r
+                .pick("key_prefix", &args.key_prefix)
+                .unwrap_or_else(|| "kairos".into()),
+            timezone,
+            booking_plan_watch_interval: r.duration(
+                "booking_plan_watch_interval",
+                &args.booking_plan_watch_interval,
+                MS,
+                Duration::from_secs(10),
+            )?,
+            preset_execution_time: r.duration(
+                "preset_execution_time",
+                &args.preset_execution_time,
+                MS,
+                Duration::from_secs(300),
+            )?,
+            minimum_life_term: r.duration(
+                "minimum_life_term",
+                &args.minimum_life_term,
+                MS,
+                Duration::from_secs(180),
+            )?,
+            execution_guard_time: r.duration(
+                "execution_guard_time",
+                &args.execution_guard_time,
+                MS,
+                Duration::from_secs(30),
+            )?,
+            execution_delay_guard_time: r.duration(
+                "execution_delay_guard_time",
+                &args.execution_delay_guard_time,
+                MS,
+                Duration::from_secs(3600),
+            )?,
+            birth_delay_limit_time: r.duration(
+                "birth_delay_limit_time",
+                &args.birth_delay_limit_time,
+                MS,
+                Duration::from_secs(180),
+            )?,
+            death_retry_interval: r.duration(
+                "death_retry_interval",
+                &args.death_retry_interval,
+                MS,
+                Duration::from_secs(60),
+            )?,
+            history_retention: Duration::from_secs_f64(retention_days * 86_400.0),
+            timedout_queue_max_size: r.number(
+                "timedout_queue_max_size",
+                &args.timedout_queue_max_size,
+                256usize,
+            )?,
+            execution_retry_codes,
+            workers: r.number("workers", &args.workers, 64usize)?,
+            max_claimed: r.number("max_claimed", &args.max_claimed, 100_000usize)?,
+            lease_ttl: r.duration("lease_ttl", &args.lease_ttl, MS, Duration::from_secs(30))?,
+            api_tokens,
+            max_body_bytes: r.number("max_body_bytes", &args.max_body_bytes, 1usize << 20)?,
+            data_dir: args
+                .data_dir
+                .clone()
+                .or_else(|| r.file.get("data_dir").map(PathBuf::from))
+                .unwrap_or_else(|| PathBuf::from(".kairos-data")),
+            host_id: r
+                .pick("host_id", &args.host_id)
+                .unwrap_or_else(default_host_id),
+            signing_key: r.pick("signing_key", &args.signing_key),
+            allowed_hosts,
+            response_body_limit: r.number(
+                "response_body_limit",
+                &args.response_body_limit,
+                64usize * 1024,
+            )?,
+            connect_timeout: r.duration(
+                "connect_timeout",
+                &args.connect_timeout,
+                SECOND,
+                Duration::from_secs(10),
+            )?,
+            request_timeout: r.duration(
+                "request_timeout",
+                &args.request_timeout,
+                SECOND,
+                Duration::from_secs(30),
+            )?,
+        };
+        config.check()?;
+        Ok(config)
+    }
+
+    fn check(&self) -> Result<(), ConfigError> {
+        if self.workers == 0 {
+            return Err(ConfigError("workers: must be at least 1".into()));
+        }
+        if self.timedout_queue_max_size == 0 {
+            return Err(ConfigError(
+                "timedout_queue_max_size: must be at least 1".into(),
+            ));
+        }
+        if self.max_claimed == 0 {
+            return Err(ConfigError("max_claimed: must be at least 1".into()));
+        }
+        if self.lease_ttl < Duration::from_millis(300) {
+            return Err(ConfigError("lease_ttl: must be at least 300ms".into()));
+        }
+        if self.booking_plan_watch_interval.is_zero() {
+            return Err(ConfigError(
+                "booking_plan_watch_interval: must be more than 0".into(),
+            ));
+        }
+        if self.key_prefix.is_empty() || self.key_prefix.contains(char::is_whitespace) {
+            return Err(ConfigError(
+                "key_prefix: must be non-empty without spaces".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// True when the API must refuse to start: no tokens, a non-loopback address, and no
+    /// `--insecure`.
+    pub fn refuses_open_listen(&self) -> bool {
+        self.api_tokens.is_empty() && !self.listen.ip().is_loopback() && !self.insecure
+    }
+}
+
+fn parse_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|entry| {
+            let (token, scope) = entry.rsplit_once(':').ok_or_else(|| {
+                ConfigError("api_tokens: each entry is TOKEN:scope (read, book or admin)".into())
+            })?;
+            if token.is_empty() {
+                return Err(ConfigError("api_tokens: empty token".into()));
+            }
+            Ok(ApiToken {
+                token: token.to_string(),
+                scope: Scope::parse(scope)?,
+            })
+        })
+        .collect()
+}
+
+fn parse_allowed_hosts(text: &str) -> Result<Vec<AllowedHost>, ConfigError> {
+    text.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(|entry| {
+            if entry == "*" {
+                return Ok(AllowedHost::AnyPublic);
+            }
+            let (host, port) = split_host_port(entry).ok_or_else(|| {
+                ConfigError(format!("allowed_hosts: `{entry}` is not host or host:port"))
+            })?;
+            Ok(AllowedHost::Host {
+                host: host.to_ascii_lowercase(),
+                port,
+            })
+        })
+        .collect()
+}
+
+/// Splits `host`, `host:port`, `[v6]` or `[v6]:port`.
+pub fn split_host_port(entry: &str) -> Option<(String, Option<u16>)> {
+    if let Some(rest) = entry.strip_prefix('[') {
+        let (host, after) = rest.split_once(']')?;
+        let port = match after.strip_prefix(':') {
+            Some(p) => Some(p.parse().ok()?),
+            None if after.is_empty() => None,
+            None => return None,
+        };
+        return Some((host.to_string(), port));
+    }
+    match entry.rsplit_once(':') {
+        Some((host, port)) if !host.contains(':') => {
+            Some((host.to_string(), Some(port.parse().ok()?)))
+        }
+        Some(_) => Some((entry.to_string(), None)), // a bare IPv6 address
+        None => Some((entry.to_string(), None)),
+    }
+}
+
+fn default_host_id() -> String {
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "host".into());
+    format!(
+        "{name}-{}-{:04x}",
+        std::process::id(),
+        rand::random::<u16>()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_numbers_in_unit_and_strings() {
+        assert_eq!(
+            parse_duration("1500", MS).unwrap(),
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            parse_duration("2.5", SECOND).unwrap(),
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            parse_duration("500ms", SECOND).unwrap(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(parse_duration("3m", MS).unwrap(), Duration::from_secs(180));
+        assert!(parse_duration("soon", MS).is_err());
+        assert!(parse_duration("-1", MS).is_err());
+    }
+
+    #[test]
+    fn defaults_match_the_spec() {
+        let c = Config::default();
+        assert_eq!(c.booking_plan_watch_interval, Duration::from_secs(10));
+        assert_eq!(c.preset_execution_time, Duration::from_secs(300));
+        assert_eq!(c.minimum_life_term, Duration::from_secs(180));
+        assert_eq!(c.execution_guard_time, Duration::from_secs(30));
+        assert_eq!(c.execution_delay_guard_time, Duration::from_secs(3600));
+        assert_eq!(c.birth_delay_limit_time, Duration::from_secs(180));
+        assert_eq!(c.death_retry_interval, Duration::from_secs(60));
+        assert_eq!(c.history_retention, Duration::from_secs(86_400));
+        assert_eq!(c.timedout_queue_max_size, 256);
+        assert_eq!(c.execution_retry_codes, vec![500, 502, 503, 504, 599]);
+        assert_eq!(c.key_prefix, "kairos");
+        assert_eq!(c.timezone, chrono_tz::UTC);
+        assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(c.max_body_bytes, 1 << 20);
+    }
+
+    #[test]
+    fn file_values_apply_and_flags_win() {
+        let dir = std::env::temp_dir().join(format!("kairos-config-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kairos.toml");
+        std::fs::write(
+            &path,
+            "minimum_life_term = \"1m\"\nexecution_guard_time = 5000\ntimezone = \"Asia/Tokyo\"\nexecution_retry_codes = [503, 599]\n",
+        )
+        .unwrap();
+        let args = ServeArgs {
+            config: Some(path.clone()),
+            execution_guard_time: Some("2s".into()),
+            ..Default::default()
+        };
+        let c = Config::resolve(&args).unwrap();
+        assert_eq!(c.minimum_life_term, Duration::from_secs(60));
+        assert_eq!(c.execution_guard_time, Duration::from_secs(2));
+        assert_eq!(c.timezone, chrono_tz::Asia::Tokyo);
+        assert_eq!(c.execution_retry_codes, vec![503, 599]);
+
+        std::fs::write(&path, "no_such_parameter = 1\n").unwrap();
+        let err = Config::resolve(&args).unwrap_err();
+        assert!(err.0.contains("no_such_parameter"), "{err}");
+    }
+
+    #[test]
+    fn tokens_and_allowlist_parse() {
+        let tokens = parse_tokens("a:read, b:book,c:admin").unwrap();
+        assert_eq!(tokens.len(), 3);
+        assert_eq!(tokens[2].scope, Scope::Admin);
+        assert!(parse_tokens("x:root").is_err());
+        let hosts = parse_allowed_hosts("*,example.com:8443,Localhost,[::1]:80").unwrap();
+        assert_eq!(hosts[0], AllowedHost::AnyPublic);
+        assert_eq!(
+            hosts[1],
+            AllowedHost::Host {
+                host: "example.com".into(),
+                port: Some(8443)
+            }
+        );
+        assert_eq!(
+            hosts[2],
+            AllowedHost::Host {
+                host: "localhost".into(),
+                port: None
+            }
+        );
+        assert_eq!(
+            hosts[3],
+            AllowedHost::Host {
+                host: "::1".into(),
+                port: Some(80)
+            }
+        );
+    }
+
+    #[test]
+    fn open_listen_is_refused_without_tokens() {
+        let mut c = Config::default();
+        assert!(!c.refuses_open_listen());
+        c.listen = "0.0.0.0:8080".parse().unwrap();
+        assert!(c.refuses_open_listen());
+        c.insecure = true;
+        assert!(!c.refuses_open_listen());
+    }
+}

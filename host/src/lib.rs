@@ -1,0 +1,31 @@
+//! kairos: a scheduler host. People book actions at absolute times over REST; the host
+//! keeps every booking in Redis sorted sets keyed by fire time and, at that time, runs the
+//! action. Any number of hosts share one Redis and survive each other's crashes.
+//!
+//! The components, in the order a booking meets them (see `docs/ARCHITECTURE.md`):
+//! - [`config`]: startup parameters from flags, `KAIROS_*` env vars and a TOML file.
+//! - [`api`]: the REST routes, bearer-token scopes and the error body ([`error`]).
+//! - [`booking`]: reading and validating a booking into a [`booking::NewLife`].
+//! - [`store`]: the Redis layout and the Lua scripts through which every change goes.
+//! - [`scheduler`]: claims due Plans into an in-memory timer and fires them.
+//! - [`executor`]: runs one fired Plan and records its outcome.
+//! - [`actions`]: what a Plan does: the built-in webhook.
+//! - [`outbound`]: which targets actions may reach.
+//! - [`supervisor`]: leases, takeover of crashed hosts' Plans, retention sweep.
+//! - [`managed_redis`]: the redis-server `kairos serve` runs when none is configured.
+//! - [`server`]: wires it all together with graceful shutdown.
+
+pub mod actions;
+pub mod api;
+pub mod booking;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod executor;
+pub mod managed_redis;
+pub mod model;
+pub mod outbound;
+pub mod scheduler;
+pub mod server;
+pub mod store;
+pub mod supervisor;

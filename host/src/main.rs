@@ -1,0 +1,50 @@
+//! The `kairos` binary: `kairos serve` runs a host (see `kairos serve --help`).
+
+use clap::{Parser, Subcommand};
+use kairos::config::{Config, ServeArgs};
+
+#[derive(Parser)]
+#[command(
+    name = "kairos",
+    version,
+    about = "A scheduler host: book actions at absolute times over REST; kairos runs them from Redis-backed timers."
+)]
+struct Cli {
+    /// Log format: text or json.
+    #[arg(long, env = "KAIROS_LOG_FORMAT", default_value = "text", global = true)]
+    log_format: String,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a host: the REST API, the scheduler and the workers. Without --redis-url it
+    /// starts a redis-server of its own under --data-dir.
+    Serve(ServeArgs),
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    match cli.command {
+        Command::Serve(args) => {
+            let config = Config::resolve(&args)?;
+            kairos::server::serve(config).await
+        }
+    }
+}

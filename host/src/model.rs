@@ -1,0 +1,225 @@
+//! The nouns of SPEC section 1: Lives, Plans, their states, and actions.
+//!
+//! These types are what the store writes to Redis (as plain strings) and what the API
+//! shows. Transitions between states happen only inside the store's Lua scripts, so a
+//! reader of `store/scripts/*.lua` sees every state machine edge.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! string_enum {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+        pub enum $name { $($(#[$vmeta])* $variant),+ }
+
+        impl $name {
+            /// The name stored in Redis and shown by the API.
+            pub fn as_str(self) -> &'static str {
+                match self { $($name::$variant => $text),+ }
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = String;
+            fn from_str(s: &str) -> Result<Self, String> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    other => Err(format!(concat!("`{}` is not a ", stringify!($name)), other)),
+                }
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.as_str()) }
+        }
+
+        impl Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+
+string_enum! {
+    /// Whether a Life has one action or a start and an end.
+    ScheduleType {
+        /// One action at `birth_time`.
+        Point => "point",
+        /// A birth action at `birth_time` and a death action at `death_time`.
+        Term => "term",
+    }
+}
+
+string_enum! {
+    /// State of a Life (SPEC section 1).
+    LifeState {
+        /// Booked; birth not yet done.
+        Inexistent => "Inexistent",
+        /// Term only: birth done, death pending.
+        Alive => "Alive",
+        /// The last action completed.
+        Dead => "Dead",
+        /// Cancelled before birth, or birth failed for good.
+        Stillbirth => "Stillbirth",
+        /// Birth missed by more than `birth_delay_limit_time`.
+        Invalidated => "Invalidated",
+    }
+}
+
+impl LifeState {
+    /// Finished Lives no longer change, hold no resource and are swept after retention.
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            LifeState::Dead | LifeState::Stillbirth | LifeState::Invalidated
+        )
+    }
+}
+
+string_enum! {
+    /// Which action of a Life a Plan fires.
+    PlanKind {
+        Birth => "birth",
+        Death => "death",
+    }
+}
+
+string_enum! {
+    /// State of a Plan (SPEC section 1).
+    PlanState {
+        /// Waiting in the due set.
+        Standby => "Standby",
+        /// Claimed by a host into its in-memory timer, under that host's lease.
+        Preset => "Preset",
+        /// Its action is running.
+        Running => "Running",
+        Done => "Done",
+        Failed => "Failed",
+        Invalidated => "Invalidated",
+        Cancelled => "Cancelled",
+    }
+}
+
+/// What a Plan does when it fires.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Action {
+    /// The built-in HTTP webhook.
+    Webhook(WebhookAction),
+    /// A WebAssembly component plugin.
+    Plugin(PluginAction),
+}
+
+impl Action {
+    /// How many times a failed run is retried before the Plan fails.
+    pub fn retry_count(&self) -> u32 {
+        match self {
+            Action::Webhook(w) => w.retry_count,
+            Action::Plugin(p) => p.retry_count,
+        }
+    }
+
+    /// Pause between retries.
+    pub fn retry_interval_ms(&self) -> u64 {
+        match self {
+            Action::Webhook(w) => w.retry_interval_ms,
+            Action::Plugin(p) => p.retry_interval_ms,
+        }
+    }
+}
+
+/// A webhook call. Exactly one of `path` (joined to the gateway) and `url` is set.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WebhookAction {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub path: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub url: Option<String>,
+    pub method: String,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub headers: BTreeMap<String, String>,
+    /// The body as sent: a JSON value is sent as JSON, a string as-is.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub body: Option<serde_json::Value>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub connect_timeout_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub request_timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub retry_count: u32,
+    #[serde(default)]
+    pub retry_interval_ms: u64,
+}
+
+/// A plugin call (SPEC section 7).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PluginAction {
+    /// `name` or `name@version`.
+    pub plugin: String,
+    #[serde(default)]
+    pub input: serde_json::Value,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default)]
+    pub retry_count: u32,
+    #[serde(default)]
+    pub retry_interval_ms: u64,
+}
+
+/// The id of a Plan inside Redis: `{life_uuid}:{kind}`.
+pub fn plan_id(life_uuid: &str, kind: PlanKind) -> String {
+    format!("{life_uuid}:{}", kind.as_str())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_round_trip_through_their_names() {
+        for s in ["Inexistent", "Alive", "Dead", "Stillbirth", "Invalidated"] {
+            assert_eq!(s.parse::<LifeState>().unwrap().as_str(), s);
+        }
+        for s in [
+            "Standby",
+            "Preset",
+            "Running",
+            "Done",
+            "Failed",
+            "Invalidated",
+            "Cancelled",
+        ] {
+            assert_eq!(s.parse::<PlanState>().unwrap().as_str(), s);
+        }
+        assert!("alive".parse::<LifeState>().is_err());
+        assert!(LifeState::Stillbirth.is_finished());
+        assert!(!LifeState::Alive.is_finished());
+    }
+
+    #[test]
+    fn actions_serialize_compactly() {
+        let a = Action::Webhook(WebhookAction {
+            path: Some("/tasks".into()),
+            url: None,
+            method: "POST".into(),
+            headers: BTreeMap::new(),
+            body: Some(serde_json::json!({"id": "a0"})),
+            connect_timeout_ms: None,
+            request_timeout_ms: None,
+            retry_count: 0,
+            retry_interval_ms: 0,
+        });
+        let text = serde_json::to_string(&a).unwrap();
+        assert_eq!(
+            text,
+            r#"{"kind":"webhook","path":"/tasks","method":"POST","body":{"id":"a0"},"retry_count":0,"retry_interval_ms":0}"#
+        );
+        let back: Action = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, a);
+    }
+}

@@ -1,0 +1,363 @@
+//! The Scheduler role: claims Plans due within the look-ahead window
+//! (`preset_execution_time`) from Redis into an in-memory timer, and hands each one to the
+//! worker pool at its fire time.
+//!
+//! - **Claimer**: runs the `claim` script at least every `booking_plan_watch_interval`, and
+//!   at once when the `notify` channel says a Plan became due inside the window (a new
+//!   booking, a retry, a Plan taken back from a dead host). It claims nothing while the
+//!   queue of fired Plans is full or `max_claimed` Plans are already in memory, so
+//!   pressure stops claiming instead of dropping work.
+//! - **Timer**: a `BTreeMap` ordered by (fire time, sequence) and a dispatcher task that
+//!   sleeps until the earliest entry, woken early through a `Notify` when an earlier
+//!   entry arrives.
+//! - **Queue**: a bounded channel of `timedout_queue_max_size` fired Plans; a pool of
+//!   `workers` concurrent runs drains it (`executor.rs`).
+//!
+//! **Architecture invariant:** a claimed Plan stays under this host's lease (Preset in
+//! Redis, member of `held:{host}`) until `finish_run` or a hand-back releases it, so a
+//! crash at any point leaves it to the supervisor of another host.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+
+use crate::actions::webhook::WebhookAgent;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::outbound::OutboundPolicy;
+use crate::store::{Claimed, Store};
+
+/// Most Plans one `claim` call moves.
+const CLAIM_BATCH: usize = 1000;
+
+/// The firing engine of one host: scheduler, workers and supervisor share it.
+pub struct Engine {
+    pub store: Store,
+    pub config: Config,
+    pub clock: Arc<dyn Clock>,
+    pub host_id: String,
+    pub(crate) webhook: WebhookAgent,
+    claim_wakeup: Notify,
+    timer: Mutex<BTreeMap<(i64, u64), Claimed>>,
+    timer_wakeup: Notify,
+    sequence: AtomicU64,
+    /// Plans this host holds in memory: in the timer, in the queue or running.
+    pub(crate) in_memory: AtomicUsize,
+    /// Runs under way now.
+    pub(crate) running: AtomicUsize,
+    /// Set when a claim pass stopped because of back-pressure; the next finished run
+    /// wakes the claimer.
+    starved: AtomicBool,
+    queue_tx: mpsc::Sender<Claimed>,
+    queue_rx: Mutex<Option<mpsc::Receiver<Claimed>>>,
+}
+
+/// A watch channel that turns true once, when the host begins to shut down.
+pub type ShutdownSignal = watch::Receiver<bool>;
+
+pub(crate) async fn until_shutdown(shutdown: &mut ShutdownSignal) {
+    while !*shutdown.borrow() {
+        if shutdown.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+impl Engine {
+    pub fn new(store: Store, config: Config, clock: Arc<dyn Clock>) -> Arc<Engine> {
+        let (queue_tx, queue_rx) = mpsc::channel(config.timedout_queue_max_size);
+        let policy =
+            OutboundPolicy::new(config.allowed_hosts.clone(), config.gateway_url.as_deref());
+        let webhook = WebhookAgent::new(
+            config.gateway_url.clone(),
+            policy,
+            config.signing_key.clone(),
+            config.connect_timeout,
+            config.request_timeout,
+            config.response_body_limit,
+        );
+        Arc::new(Engine {
+            host_id: config.host_id.clone(),
+            store,
+            config,
+            clock,
+            webhook,
+            claim_wakeup: Notify::new(),
+            timer: Mutex::new(BTreeMap::new()),
+            timer_wakeup: Notify::new(),
+            sequence: AtomicU64::new(0),
+            in_memory: AtomicUsize::new(0),
+            running: AtomicUsize::new(0),
+            starved: AtomicBool::new(false),
+            queue_tx,
+            queue_rx: Mutex::new(Some(queue_rx)),
+        })
+    }
+
+    pub(crate) fn window_ms(&self) -> i64 {
+        self.config.preset_execution_time.as_millis() as i64
+    }
+
+    pub(crate) fn lease_ms(&self) -> i64 {
+        self.config.lease_ttl.as_millis() as i64
+    }
+
+    /// Bookings due before this are announced on the notify channel.
+    pub(crate) fn notify_before_ms(&self) -> i64 {
+        self.clock.now_ms() + self.window_ms()
+    }
+
+    /// Asks the claimer for a pass now.
+    pub fn wake_claimer(&self) {
+        self.claim_wakeup.notify_one();
+    }
+
+    /// Puts a claimed Plan (back) into the timer.
+    pub(crate) fn schedule(&self, plan: Claimed, at_ms: i64) {
+        let seq = self.sequence.fetch_add(1, Ordering::Relaxed);
+        let mut timer = self.timer.lock().expect("timer lock");
+        let earliest = timer.first_key_value().map(|(k, _)| k.0);
+        timer.insert((at_ms, seq), plan);
+        drop(timer);
+        if earliest.is_none_or(|e| at_ms < e) {
+            self.timer_wakeup.notify_one();
+        }
+    }
+
+    /// A Plan left this host's memory (finished, lost or handed back).
+    pub(crate) fn forget(&self) {
+        self.in_memory.fetch_sub(1, Ordering::AcqRel);
+        if self.starved.swap(false, Ordering::AcqRel) {
+            self.claim_wakeup.notify_one();
+        }
+    }
+
+    /// Number of Plans waiting in the in-memory timer.
+    pub fn timer_len(&self) -> usize {
+        self.timer.lock().expect("timer lock").len()
+    }
+
+    /// Starts every task of the engine. The returned handle completes after a graceful
+    /// shutdown: claiming stopped, runs finished (or the grace period passed), and every
+    /// Plan still held handed back to Redis.
+    pub fn start(self: &Arc<Self>, shutdown: ShutdownSignal) -> tokio::task::JoinHandle<()> {
+        let rx = self
+            .queue_rx
+            .lock()
+            .expect("queue lock")
+            .take()
+            .expect("engine started twice");
+        let tasks = vec![
+            tokio::spawn(self.clone().claimer(shutdown.clone())),
+            tokio::spawn(self.clone().dispatcher(shutdown.clone())),
+            tokio::spawn(self.clone().listener(shutdown.clone())),
+            tokio::spawn(self.clone().heartbeat(shutdown.clone())),
+            tokio::spawn(self.clone().supervisor(shutdown.clone())),
+        ];
+        let pool = tokio::spawn(self.clone().worker_pool(rx, shutdown.clone()));
+        let engine = self.clone();
+        tokio::spawn(async move {
+            let _ = pool.await;
+            for task in tasks {
+                let _ = task.await;
+            }
+            engine.hand_back_all().await;
+        })
+    }
+
+    async fn claimer(self: Arc<Self>, mut shutdown: ShutdownSignal) {
+        loop {
+            self.claim_pass().await;
+            tokio::select! {
+                _ = tokio::time::sleep(self.config.booking_plan_watch_interval) => {}
+                _ = self.claim_wakeup.notified() => {}
+                _ = until_shutdown(&mut shutdown) => return,
+            }
+        }
+    }
+
+    /// Claims until nothing more is due in the window or back-pressure says stop.
+    async fn claim_pass(&self) {
+        loop {
+            let room = self
+                .config
+                .max_claimed
+                .saturating_sub(self.in_memory.load(Ordering::Acquire));
+            if room == 0 || self.queue_tx.capacity() == 0 {
+                self.starved.store(true, Ordering::Release);
+                return;
+            }
+            let limit = room.min(CLAIM_BATCH);
+            let now_ms = self.clock.now_ms();
+            let batch = match self
+                .store
+                .claim(
+                    &self.host_id,
+                    now_ms + self.window_ms(),
+                    limit,
+                    now_ms + self.lease_ms(),
+                )
+                .await
+            {
+                Ok(batch) => batch,
+                Err(e) => {
+                    tracing::warn!(error = %e, "claim failed; retrying at the next scan");
+                    return;
+                }
+            };
+            let claimed = batch.len();
+            self.in_memory.fetch_add(claimed, Ordering::AcqRel);
+            for plan in batch {
+                let at = plan.fire_at_ms;
+                self.schedule(plan, at);
+            }
+            if claimed < limit {
+                return;
+            }
+        }
+    }
+
+    async fn dispatcher(self: Arc<Self>, mut shutdown: ShutdownSignal) {
+        loop {
+            let earliest = self
+                .timer
+                .lock()
+                .expect("timer lock")
+                .first_key_value()
+                .map(|(k, _)| k.0);
+            let now_ms = self.clock.now_ms();
+            match earliest {
+                Some(at) if at <= now_ms => {
+                    let due = self.pop_due(now_ms);
+                    for plan in due {
+                        tokio::select! {
+                            sent = self.queue_tx.send(plan) => if sent.is_err() { return },
+                            _ = until_shutdown(&mut shutdown) => return,
+                        }
+                    }
+                }
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(Duration::from_millis((at - now_ms) as u64)) => {}
+                        _ = self.timer_wakeup.notified() => {}
+                        _ = until_shutdown(&mut shutdown) => return,
+                    }
+                }
+                None => {
+                    tokio::select! {
+                        _ = self.timer_wakeup.notified() => {}
+                        _ = until_shutdown(&mut shutdown) => return,
+                    }
+                }
+            }
+        }
+    }
+
+    fn pop_due(&self, now_ms: i64) -> Vec<Claimed> {
+        let mut timer = self.timer.lock().expect("timer lock");
+        let later = timer.split_off(&(now_ms + 1, 0));
+        let due = std::mem::replace(&mut *timer, later);
+        due.into_values().collect()
+    }
+
+    async fn worker_pool(
+        self: Arc<Self>,
+        mut rx: mpsc::Receiver<Claimed>,
+        mut shutdown: ShutdownSignal,
+    ) {
+        let slots = Arc::new(Semaphore::new(self.config.workers));
+        loop {
+            let permit = tokio::select! {
+                p = slots.clone().acquire_owned() => p.expect("semaphore never closes"),
+                _ = until_shutdown(&mut shutdown) => break,
+            };
+            let plan = tokio::select! {
+                plan = rx.recv() => match plan { Some(p) => p, None => break },
+                _ = until_shutdown(&mut shutdown) => break,
+            };
+            let engine = self.clone();
+            self.running.fetch_add(1, Ordering::AcqRel);
+            tokio::spawn(async move {
+                engine.run_plan(plan).await;
+                engine.running.fetch_sub(1, Ordering::AcqRel);
+                drop(permit);
+            });
+        }
+        // Graceful stop: let runs under way finish, within the lease so that nobody else
+        // has taken them over meanwhile.
+        let grace = self.config.lease_ttl;
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.running.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // What is still queued stays Preset under this host's lease; hand_back_all returns it.
+        rx.close();
+    }
+
+    /// Gives every Plan this host holds back to the due set (graceful shutdown).
+    async fn hand_back_all(&self) {
+        let notify_before = self.notify_before_ms();
+        for _ in 0..10_000 {
+            match self
+                .store
+                .reclaim(&self.host_id, CLAIM_BATCH, None, notify_before)
+                .await
+            {
+                Ok((moved, left)) => {
+                    if moved > 0 {
+                        tracing::info!(moved, "handed claimed Plans back");
+                    }
+                    if left <= 0 {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot hand Plans back; another host will reclaim them when this lease expires");
+                    break;
+                }
+            }
+        }
+        self.timer.lock().expect("timer lock").clear();
+    }
+
+    /// Listens on the notify channel; any Plan due within the window wakes the claimer.
+    async fn listener(self: Arc<Self>, mut shutdown: ShutdownSignal) {
+        let channel = self.store.keys.notify();
+        loop {
+            match self.store.client().get_async_pubsub().await {
+                Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+                    Ok(()) => {
+                        // Anything published while we were not listening is found by a pass.
+                        self.wake_claimer();
+                        let mut messages = pubsub.on_message();
+                        loop {
+                            tokio::select! {
+                                message = messages.next() => match message {
+                                    Some(m) => {
+                                        let fire_ms: i64 = m.get_payload().unwrap_or(0);
+                                        if fire_ms <= self.notify_before_ms() {
+                                            self.wake_claimer();
+                                        }
+                                    }
+                                    None => break,
+                                },
+                                _ = until_shutdown(&mut shutdown) => return,
+                            }
+                        }
+                        tracing::warn!("notify subscription lost; reconnecting");
+                    }
+                    Err(e) => tracing::warn!(error = %e, "cannot subscribe to the notify channel"),
+                },
+                Err(e) => tracing::warn!(error = %e, "cannot open a pub/sub connection"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+                _ = until_shutdown(&mut shutdown) => return,
+            }
+        }
+    }
+}

@@ -1,0 +1,44 @@
+-- cancel: DELETE /schedules/{id}.
+-- Before birth: the Life becomes Stillbirth and nothing runs. Alive: the death Plan is
+-- moved to now (it runs at once). With force: every pending Plan is cancelled and the
+-- Life ends without running anything more (Stillbirth before birth, Dead after).
+-- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due
+-- ARGV: 1 prefix, 2 uuid, 3 now_ms, 4 now_rfc, 5 force (1/0), 6 notify_before_ms
+-- Returns {'ok', new_state} | {'missing'} | {'finished', state} | {'running'}
+local uuid, now_ms, force = ARGV[2], ARGV[3], ARGV[5] == '1'
+local f = redis.call('HMGET', KEYS[1], 'state', 'schedule_type')
+local state, stype = f[1], f[2]
+if not state then return {'missing'} end
+if state == 'Dead' or state == 'Stillbirth' or state == 'Invalidated' then
+  return {'finished', state}
+end
+local bstate = redis.call('HGET', KEYS[2], 'state')
+if state == 'Inexistent' then
+  if bstate == 'Running' and not force then
+    if stype == 'term' then
+      -- The birth is under way: let it finish, then run the death at once (finish_run).
+      redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'updated_at_ms', now_ms)
+      return {'ok', 'Inexistent'}
+    end
+    return {'running'}
+  end
+  cancel_plan(uuid .. ':birth')
+  if stype == 'term' then cancel_plan(uuid .. ':death') end
+  finish_life(KEYS[1], uuid, 'Stillbirth', now_ms)
+  return {'ok', 'Stillbirth'}
+end
+-- Alive
+if force then
+  cancel_plan(uuid .. ':death')
+  finish_life(KEYS[1], uuid, 'Dead', now_ms)
+  return {'ok', 'Dead'}
+end
+redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'updated_at_ms', now_ms)
+local dstate = redis.call('HGET', KEYS[3], 'state')
+if dstate == 'Standby' or dstate == 'Preset' then
+  release_claim(KEYS[3], uuid .. ':death')
+  redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', now_ms, 'fire_at', ARGV[4])
+  redis.call('ZADD', KEYS[4], now_ms, uuid .. ':death')
+  notify_if_soon(now_ms, ARGV[6])
+end
+return {'ok', 'Alive'}

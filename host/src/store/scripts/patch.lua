@@ -1,0 +1,67 @@
+-- patch: moves times, changes actions or the resource of a Life whose changed Plans have
+-- not started (Standby, or Preset: then taken back from the host that holds it).
+-- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due, 5 lives, 6 old resource index,
+--       7 new resource index
+-- ARGV: 1 prefix, 2 uuid, 3 expected version, 4 new resource_id ('' = none),
+--       5 birth_ms, 6 birth_rfc, 7 death_ms ('' for point), 8 death_rfc,
+--       9 birth action JSON, 10 death action JSON, 11 now_ms, 12 guard_ms,
+--       13 notify_before_ms, 14 birth changed (1/0), 15 death changed (1/0),
+--       16 resource changed (1/0)
+-- Returns {'ok'} | {'changed'} | {'not_pending', plan} | {'resource_conflict', other}
+local uuid = ARGV[2]
+local life = redis.call('HMGET', KEYS[1], 'version', 'state', 'birth_at_ms')
+if life[1] ~= ARGV[3] then return {'changed'} end
+local birth_changed, death_changed = ARGV[14] == '1', ARGV[15] == '1'
+local resource_changed = ARGV[16] == '1'
+local bstate = redis.call('HGET', KEYS[2], 'state')
+local dstate = redis.call('HGET', KEYS[3], 'state')
+local function pending(s) return s == 'Standby' or s == 'Preset' end
+if (birth_changed or resource_changed) and not (life[2] == 'Inexistent' and pending(bstate)) then
+  return {'not_pending', 'birth'}
+end
+if death_changed and not pending(dstate) then return {'not_pending', 'death'} end
+
+local birth_ms, death_ms = tonumber(ARGV[5]), tonumber(ARGV[7])
+local guard = tonumber(ARGV[12])
+if ARGV[4] ~= '' then
+  local other = resource_conflict(KEYS[7], birth_ms - guard, (death_ms or birth_ms) + guard, uuid)
+  if other then return {'resource_conflict', other} end
+end
+
+if birth_changed then
+  release_claim(KEYS[2], uuid .. ':birth')
+  redis.call('HSET', KEYS[2], 'state', 'Standby', 'fire_at_ms', ARGV[5], 'fire_at', ARGV[6],
+    'action', ARGV[9])
+  redis.call('ZADD', KEYS[4], birth_ms, uuid .. ':birth')
+  redis.call('ZREM', KEYS[5], lives_member(life[3], uuid))
+  redis.call('ZADD', KEYS[5], 0, lives_member(ARGV[5], uuid))
+  redis.call('HSET', KEYS[1], 'birth_at_ms', ARGV[5], 'birth_at', ARGV[6])
+  notify_if_soon(ARGV[5], ARGV[13])
+end
+if death_changed then
+  release_claim(KEYS[3], uuid .. ':death')
+  redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', ARGV[7], 'fire_at', ARGV[8],
+    'action', ARGV[10])
+  redis.call('HSET', KEYS[1], 'death_at_ms', ARGV[7], 'death_at', ARGV[8])
+  -- Only an Alive Life's death Plan is in the due set.
+  if life[2] == 'Alive' then
+    redis.call('ZADD', KEYS[4], death_ms, uuid .. ':death')
+    notify_if_soon(ARGV[7], ARGV[13])
+  end
+end
+if resource_changed or birth_changed then
+  redis.call('ZREM', KEYS[6], uuid)
+  if ARGV[4] ~= '' then
+    redis.call('ZADD', KEYS[7], birth_ms, uuid)
+    redis.call('HSET', KEYS[1], 'resource_id', ARGV[4])
+    redis.call('HSET', KEYS[2], 'resource_id', ARGV[4])
+    if death_ms then redis.call('HSET', KEYS[3], 'resource_id', ARGV[4]) end
+  else
+    redis.call('HDEL', KEYS[1], 'resource_id')
+    redis.call('HDEL', KEYS[2], 'resource_id')
+    redis.call('HDEL', KEYS[3], 'resource_id')
+  end
+end
+redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'updated_at_ms', ARGV[11])
+return {'ok'}
