@@ -1,1 +1,579 @@
+//! Harness for kairos end-to-end tests: a real `redis-server` per test on a free port,
+//! real `kairos` host processes, a real HTTP sink that records what it receives, and a
+//! small JSON client. Nothing is mocked.
 
+use std::collections::{HashMap, VecDeque};
+use std::net::{SocketAddr, TcpListener};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::IntoResponse;
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+static UNIQUE: AtomicU64 = AtomicU64::new(0);
+
+/// A port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A fresh directory under the system temp dir, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        let n = UNIQUE.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("kairos-e2e-{tag}-{}-{n}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&path);
+        std::fs::create_dir_all(&path).unwrap();
+        TempDir(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn redis_ping(port: u16) -> bool {
+    Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "PING"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "PONG")
+        .unwrap_or(false)
+}
+
+/// A redis-server of this test's own, with an append-only file, on a free port.
+pub struct RedisServer {
+    pub port: u16,
+    pub dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        let dir = TempDir::new("redis");
+        let mut server = RedisServer {
+            port: free_port(),
+            dir,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+
+    fn spawn(&mut self) {
+        let child = Command::new("redis-server")
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--dir",
+            ])
+            .arg(&self.dir.0)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install -y redis-server)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !redis_ping(self.port) {
+            assert!(
+                Instant::now() < deadline,
+                "redis-server did not start on port {}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Kills the server hard (SIGKILL) and starts it again on the same port and files.
+    pub fn restart_hard(&mut self, down_for: Duration) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        std::thread::sleep(down_for);
+        self.spawn();
+    }
+
+    /// Runs redis-cli against this server and returns its stdout (formatted as on a
+    /// terminal, so that docs can show exactly what a person sees).
+    pub fn cli(&self, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-p", &self.port.to_string(), "--no-raw"])
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
+        redis::Client::open(self.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Path of the kairos binary built for these tests (`KAIROS_BIN` overrides).
+pub fn kairos_bin() -> PathBuf {
+    if let Ok(bin) = std::env::var("KAIROS_BIN") {
+        return PathBuf::from(bin);
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("debug/kairos");
+    assert!(
+        bin.exists(),
+        "{} is missing: build it with `cargo build -p kairos` (scripts/test does)",
+        bin.display()
+    );
+    bin
+}
+
+/// A running `kairos serve` process.
+pub struct Host {
+    pub addr: SocketAddr,
+    pub host_id: String,
+    child: Option<Child>,
+    pub log: PathBuf,
+    _logdir: TempDir,
+}
+
+/// Flags for short test timings: claims every 100 ms at most, a 2 s lease, a 500 ms
+/// execution guard, a 1 s minimum term.
+pub fn fast_flags() -> Vec<String> {
+    [
+        "--booking-plan-watch-interval",
+        "100ms",
+        "--lease-ttl",
+        "2s",
+        "--execution-guard-time",
+        "500ms",
+        "--minimum-life-term",
+        "1s",
+        "--execution-delay-guard-time",
+        "1s",
+        "--death-retry-interval",
+        "300ms",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+/// `fast_flags()` with `extra` appended; a flag given in `extra` replaces its default.
+pub fn flags_with(extra: &[&str]) -> Vec<String> {
+    let base = fast_flags();
+    let mut out = Vec::new();
+    for pair in base.chunks(2) {
+        if !extra.contains(&pair[0].as_str()) {
+            out.extend(pair.iter().cloned());
+        }
+    }
+    out.extend(extra.iter().map(|s| s.to_string()));
+    out
+}
+
+impl Host {
+    /// Starts a host on a free port against `redis_url` with `args`, and waits for /readyz.
+    pub fn start(redis_url: &str, args: &[String]) -> Host {
+        Self::start_with_env(redis_url, args, &[])
+    }
+
+    pub fn start_with_env(redis_url: &str, args: &[String], env: &[(&str, &str)]) -> Host {
+        let port = free_port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let n = UNIQUE.fetch_add(1, Ordering::Relaxed);
+        let host_id = format!("test-host-{}-{n}", std::process::id());
+        let logdir = TempDir::new("hostlog");
+        let log = logdir.0.join("kairos.log");
+        let logfile = std::fs::File::create(&log).unwrap();
+        let mut cmd = Command::new(kairos_bin());
+        cmd.arg("serve")
+            .args([
+                "--redis-url",
+                redis_url,
+                "--listen",
+                &addr.to_string(),
+                "--host-id",
+                &host_id,
+            ])
+            .args(args)
+            .env("RUST_LOG", "info,kairos=debug")
+            .stdout(Stdio::null())
+            .stderr(logfile);
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let child = cmd.spawn().expect("kairos starts");
+        let mut host = Host {
+            addr,
+            host_id,
+            child: Some(child),
+            log,
+            _logdir: logdir,
+        };
+        host.wait_ready();
+        host
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if std::net::TcpStream::connect(self.addr).is_ok() {
+                return;
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!("kairos exited at start ({status}): {}", self.log_text());
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kairos did not listen: {}",
+                self.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// SIGKILL: no chance to hand anything back.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits for the process to exit; returns whether it exited in time.
+    pub fn terminate(&mut self, within: Duration) -> bool {
+        let Some(mut child) = self.child.take() else {
+            return true;
+        };
+        let _ = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = child.try_wait() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        false
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A JSON-over-HTTP client for the API (keep-alive, optional bearer token).
+#[derive(Clone)]
+pub struct Api {
+    base: String,
+    token: Option<String>,
+    client: Client<HttpConnector, Full<Bytes>>,
+}
+
+/// Status and parsed JSON body (Null when the body is not JSON).
+pub type Reply = (u16, Value);
+
+impl Api {
+    pub fn new(host: &Host) -> Api {
+        Api::at(&format!("http://{}", host.addr))
+    }
+
+    pub fn at(base: &str) -> Api {
+        Api {
+            base: base.to_string(),
+            token: None,
+            client: Client::builder(TokioExecutor::new()).build_http(),
+        }
+    }
+
+    pub fn with_token(&self, token: &str) -> Api {
+        Api {
+            token: Some(token.to_string()),
+            ..self.clone()
+        }
+    }
+
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> Reply {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{}", self.base, path));
+        if !body.is_empty() {
+            req = req.header("content-type", "application/json");
+        }
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = self
+            .client
+            .request(req.body(Full::new(Bytes::from(body))).unwrap())
+            .await
+            .expect("request reaches kairos");
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> Reply {
+        self.raw(Method::POST, path, serde_json::to_vec(body).unwrap(), &[])
+            .await
+    }
+    pub async fn patch(&self, path: &str, body: &Value) -> Reply {
+        self.raw(Method::PATCH, path, serde_json::to_vec(body).unwrap(), &[])
+            .await
+    }
+    pub async fn get(&self, path: &str) -> Reply {
+        self.raw(Method::GET, path, Vec::new(), &[]).await
+    }
+    pub async fn delete(&self, path: &str) -> Reply {
+        self.raw(Method::DELETE, path, Vec::new(), &[]).await
+    }
+
+    /// Polls GET /schedules/{id} until `check` holds; panics with the last view after `within`.
+    pub async fn wait_life(
+        &self,
+        id: &str,
+        within: Duration,
+        check: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let (status, life) = self.get(&format!("/schedules/{id}")).await;
+            if status == 200 && check(&life) {
+                return life;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Life {id} did not reach the expected state: {life:#}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// RFC 3339 (UTC, ms) of now + `ms`.
+pub fn at_ms_from_now(ms: i64) -> String {
+    let t = chrono::Utc::now() + chrono::Duration::milliseconds(ms);
+    t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+pub fn now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
+/// A request the sink received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub at_ms: i64,
+    pub method: String,
+    pub path: String,
+    pub headers: HashMap<String, String>,
+    pub body: Bytes,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(String::as_str)
+    }
+}
+
+#[derive(Default)]
+struct SinkState {
+    received: Mutex<Vec<Received>>,
+    /// Statuses to answer, in order; 200 once empty.
+    script: Mutex<VecDeque<u16>>,
+    delay: Mutex<Duration>,
+    /// Concurrent requests now and the most seen, per X-Kairos-Resource (or "").
+    concurrent: Mutex<HashMap<String, (u32, u32)>>,
+}
+
+/// A real HTTP server that records every request and answers scripted statuses.
+#[derive(Clone)]
+pub struct Sink {
+    pub addr: SocketAddr,
+    state: Arc<SinkState>,
+}
+
+async fn sink_handler(
+    State(state): State<Arc<SinkState>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> impl IntoResponse {
+    let at_ms = now_ms();
+    let resource = headers
+        .get("x-kairos-resource")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    {
+        let mut c = state.concurrent.lock().unwrap();
+        let e = c.entry(resource.clone()).or_default();
+        e.0 += 1;
+        e.1 = e.1.max(e.0);
+    }
+    state.received.lock().unwrap().push(Received {
+        at_ms,
+        method: method.to_string(),
+        path: uri.path().to_string(),
+        headers: headers
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
+            .collect(),
+        body,
+    });
+    let status = state.script.lock().unwrap().pop_front().unwrap_or(200);
+    let delay = *state.delay.lock().unwrap();
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    state
+        .concurrent
+        .lock()
+        .unwrap()
+        .get_mut(&resource)
+        .unwrap()
+        .0 -= 1;
+    (StatusCode::from_u16(status).unwrap(), "ok")
+}
+
+impl Sink {
+    pub async fn start() -> Sink {
+        let state = Arc::new(SinkState::default());
+        let app = axum::Router::new()
+            .fallback(sink_handler)
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            axum::serve(listener, app).await.unwrap();
+        });
+        Sink { addr, state }
+    }
+
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// The next answers, in order (then 200).
+    pub fn answer(&self, statuses: &[u16]) {
+        self.state
+            .script
+            .lock()
+            .unwrap()
+            .extend(statuses.iter().copied());
+    }
+
+    pub fn set_delay(&self, delay: Duration) {
+        *self.state.delay.lock().unwrap() = delay;
+    }
+
+    pub fn received(&self) -> Vec<Received> {
+        self.state.received.lock().unwrap().clone()
+    }
+
+    pub fn received_for(&self, life: &str) -> Vec<Received> {
+        self.received()
+            .into_iter()
+            .filter(|r| r.header("x-kairos-life") == Some(life))
+            .collect()
+    }
+
+    /// Most requests seen at once for one resource.
+    pub fn max_concurrent(&self, resource: &str) -> u32 {
+        self.state
+            .concurrent
+            .lock()
+            .unwrap()
+            .get(resource)
+            .map(|e| e.1)
+            .unwrap_or(0)
+    }
+
+    /// Waits until at least `n` requests arrived; panics after `within`.
+    pub async fn wait_count(&self, n: usize, within: Duration) -> Vec<Received> {
+        let deadline = Instant::now() + within;
+        loop {
+            let got = self.received();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sink got {} of {n} requests",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}

@@ -1,0 +1,633 @@
+//! The booking REST API against a real redis-server and a real kairos process: every row
+//! of the validation table (SPEC section 2), every route, token scopes, and both time
+//! formats in a non-UTC zone.
+
+use std::time::Duration;
+
+use axum::http::Method;
+use kairos_e2e::{flags_with, Api, Host, RedisServer};
+use redis::AsyncCommands;
+use serde_json::{json, Value};
+
+fn flags(extra: &[&str]) -> Vec<String> {
+    let mut f = flags_with(extra);
+    f.extend(
+        ["--gateway-url", "http://127.0.0.1:9"]
+            .iter()
+            .map(|s| s.to_string()),
+    );
+    f
+}
+
+fn hook() -> Value {
+    json!({"path": "/hook", "method": "POST", "body": {"id": "a0"}})
+}
+
+fn point(id: &str, birth: &str) -> Value {
+    json!({"life_uuid": id, "schedule_type": "point", "birth_time": birth, "birth": hook()})
+}
+
+fn term(id: &str, resource: &str, birth: &str, death: &str) -> Value {
+    json!({"life_uuid": id, "schedule_type": "term", "resource_id": resource,
+           "term": {"birth_time": birth, "death_time": death}, "birth": hook(), "death": hook()})
+}
+
+fn code(reply: &(u16, Value)) -> (u16, &str) {
+    (
+        reply.0,
+        reply.1["error"]["code"]
+            .as_str()
+            .unwrap_or("<no error body>"),
+    )
+}
+
+async fn key_count(redis: &RedisServer) -> usize {
+    let mut conn = redis.conn().await;
+    let keys: Vec<String> = conn.keys("kairos:*").await.unwrap();
+    keys.into_iter().filter(|k| k != "kairos:hosts").count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_row_of_the_validation_table_refuses_and_stores_nothing() {
+    let redis = RedisServer::start();
+    let host = Host::start(
+        &redis.url(),
+        &flags(&[
+            "--execution-delay-guard-time",
+            "60m",
+            "--minimum-life-term",
+            "3m",
+            "--execution-guard-time",
+            "30s",
+            "--max-body-bytes",
+            "4096",
+        ]),
+    );
+    let api = Api::new(&host);
+
+    // 400: not JSON, wrong shape, missing fields, unparsable times, unknown plugin.
+    let r = api
+        .raw(Method::POST, "/schedules", b"{not json".to_vec(), &[])
+        .await;
+    assert_eq!(code(&r), (400, "invalid_json"));
+    assert!(r.1["error"]["message"].as_str().unwrap().contains("JSON"));
+    assert_eq!(
+        code(&api.post("/schedules", &json!([1, 2])).await),
+        (400, "invalid_body")
+    );
+    assert_eq!(
+        code(&api.post("/schedules", &json!({"birth": hook()})).await),
+        (400, "missing_field")
+    );
+    assert_eq!(
+        code(
+            &api.post("/schedules", &json!({"birth_time": "2030-01-01 00:00:00"}))
+                .await
+        ),
+        (400, "missing_field")
+    );
+    assert_eq!(
+        code(&api.post("/schedules", &point("t1", "next tuesday")).await),
+        (400, "invalid_time")
+    );
+    assert_eq!(
+        code(&api.post("/schedules", &json!({"birth_time": "2030-01-01 00:00:00", "birth": {"plugin": "nope", "input": {}}})).await),
+        (400, "unknown_plugin")
+    );
+    assert_eq!(
+        code(
+            &api.post(
+                "/schedules",
+                &json!({"birth_time": "2030-01-01 00:00:00", "birth": {"path": "/x"}})
+            )
+            .await
+        ),
+        (400, "invalid_action")
+    );
+    // 400: birth >= death, then birth + minimum_life_term > death.
+    assert_eq!(
+        code(
+            &api.post(
+                "/schedules",
+                &term("t2", "r", "2030-01-01 00:10:00", "2030-01-01 00:10:00")
+            )
+            .await
+        ),
+        (400, "birth_not_before_death")
+    );
+    assert_eq!(
+        code(
+            &api.post(
+                "/schedules",
+                &term("t3", "r", "2030-01-01 00:10:00", "2030-01-01 00:12:59")
+            )
+            .await
+        ),
+        (400, "term_too_short")
+    );
+    // 406: closer than execution_guard_time (30 s) to now.
+    let soon = kairos_e2e::at_ms_from_now(20_000);
+    assert_eq!(
+        code(&api.post("/schedules", &point("t4", &soon)).await),
+        (406, "too_soon")
+    );
+    // 413: larger than max_body_bytes.
+    let mut big = point("t5", "2030-01-01 00:00:00");
+    big["birth"]["body"] = json!("x".repeat(5000));
+    assert_eq!(
+        code(&api.post("/schedules", &big).await),
+        (413, "body_too_large")
+    );
+
+    assert_eq!(
+        key_count(&redis).await,
+        0,
+        "a refused booking must leave nothing in Redis"
+    );
+
+    // 409: overlap on a resource within execution_delay_guard_time (60 min), then a
+    // duplicate life_uuid.
+    let ok = api
+        .post(
+            "/schedules",
+            &term(
+                "t6",
+                "conn-42",
+                "2030-01-01 10:00:00",
+                "2030-01-01 11:00:00",
+            ),
+        )
+        .await;
+    assert_eq!(ok.0, 200, "{}", ok.1);
+    let before = key_count(&redis).await;
+    let r = api
+        .post(
+            "/schedules",
+            &term(
+                "t7",
+                "conn-42",
+                "2030-01-01 11:59:00",
+                "2030-01-01 12:30:00",
+            ),
+        )
+        .await;
+    assert_eq!(code(&r), (409, "resource_conflict"));
+    assert!(r.1["error"]["message"].as_str().unwrap().contains("t6"));
+    // Just outside the guard on the other side is fine.
+    let r = api
+        .post(
+            "/schedules",
+            &term(
+                "t8",
+                "conn-42",
+                "2030-01-01 12:00:01",
+                "2030-01-01 12:30:00",
+            ),
+        )
+        .await;
+    assert_eq!(r.0, 200, "{}", r.1);
+    let r = api
+        .post("/schedules", &point("t6", "2031-01-01 00:00:00"))
+        .await;
+    assert_eq!(code(&r), (409, "duplicate_life_uuid"));
+    // The original t6 is untouched by the refused duplicate.
+    let (_, t6) = api.get("/schedules/t6").await;
+    assert_eq!(t6["schedule_type"], "term");
+    assert_eq!(
+        key_count(&redis).await,
+        before + 3,
+        "t8 adds its life and 2 plans (the resource index exists); the refusals add nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_book_list_show_patch_and_cancel() {
+    let redis = RedisServer::start();
+    let host = Host::start(&redis.url(), &flags(&[]));
+    let api = Api::new(&host);
+
+    assert_eq!(api.get("/healthz").await, (200, json!({"status": "ok"})));
+    assert_eq!(api.get("/readyz").await.0, 200);
+
+    // A generated id is 32 hex characters.
+    let (status, booked) = api
+        .post(
+            "/schedules",
+            &json!({"birth_time": "2030-01-01 00:00:00", "birth_action": hook()}),
+        )
+        .await;
+    assert_eq!(status, 200, "{booked}");
+    let generated = booked["life_uuid"].as_str().unwrap().to_string();
+    assert_eq!(generated.len(), 32);
+    assert!(generated.bytes().all(|b| b.is_ascii_hexdigit()));
+    assert_eq!(booked["birth_time"], "2030-01-01T00:00:00Z");
+    assert_eq!(booked["birth_time_ms"], 1_893_456_000_000i64);
+
+    for (i, day) in ["02", "03", "04", "05", "06"].iter().enumerate() {
+        let resource = if i % 2 == 0 { "even" } else { "odd" };
+        let r = api
+            .post(
+                "/schedules",
+                &term(
+                    &format!("l{i}"),
+                    resource,
+                    &format!("2030-01-{day} 00:00:00"),
+                    &format!("2030-01-{day} 01:00:00"),
+                ),
+            )
+            .await;
+        assert_eq!(r.0, 200, "{}", r.1);
+    }
+
+    // Pagination walks every Life once, in birth order.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/schedules?limit=2&cursor={c}"),
+            None => "/schedules?limit=2".into(),
+        };
+        let (status, page) = api.get(&path).await;
+        assert_eq!(status, 200, "{page}");
+        assert!(page["items"].as_array().unwrap().len() <= 2);
+        for item in page["items"].as_array().unwrap() {
+            seen.push(item["life_uuid"].as_str().unwrap().to_string());
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    assert_eq!(
+        seen,
+        vec![
+            generated.clone(),
+            "l0".into(),
+            "l1".into(),
+            "l2".into(),
+            "l3".into(),
+            "l4".into()
+        ]
+    );
+
+    // Filters.
+    let ids = |v: &Value| -> Vec<String> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["life_uuid"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (_, even) = api.get("/schedules?resource_id=even").await;
+    assert_eq!(ids(&even), vec!["l0", "l2", "l4"]);
+    let (_, window) = api
+        .get("/schedules?from=2030-01-03%2000:00:00&to=2030-01-04T00:00:00Z")
+        .await;
+    assert_eq!(ids(&window), vec!["l1", "l2"]);
+    let (_, none_dead) = api.get("/schedules?state=Dead").await;
+    assert!(ids(&none_dead).is_empty());
+    let (_, pending) = api.get("/schedules?state=Inexistent&resource_id=odd").await;
+    assert_eq!(ids(&pending), vec!["l1", "l3"]);
+    assert_eq!(
+        code(&api.get("/schedules?state=Sleeping").await),
+        (400, "invalid_query")
+    );
+    assert_eq!(
+        code(&api.get("/schedules?limit=0").await),
+        (400, "invalid_query")
+    );
+
+    // Show.
+    let (status, l0) = api.get("/schedules/l0").await;
+    assert_eq!(status, 200);
+    assert_eq!(l0["state"], "Inexistent");
+    assert_eq!(l0["resource_id"], "even");
+    let plans = l0["plans"].as_array().unwrap();
+    assert_eq!(plans.len(), 2);
+    assert_eq!(plans[0]["kind"], "birth");
+    assert_eq!(plans[0]["state"], "Standby");
+    assert_eq!(plans[0]["attempts"], 0);
+    assert_eq!(plans[0]["action"]["path"], "/hook");
+    assert_eq!(plans[1]["kind"], "death");
+    assert_eq!(code(&api.get("/schedules/nope").await), (404, "not_found"));
+
+    // Patch: move the death by an hour; the Plan and the Life follow, Redis too.
+    let (status, moved) = api
+        .patch(
+            "/schedules/l0",
+            &json!({"death_time": "2030-01-02 02:00:00"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{moved}");
+    assert_eq!(moved["death_time"], "2030-01-02T02:00:00Z");
+    assert_eq!(moved["plans"][1]["fire_at_ms"], 1_893_549_600_000i64);
+    let mut conn = redis.conn().await;
+    let fire: String = conn
+        .hget("kairos:plan:l0:death", "fire_at_ms")
+        .await
+        .unwrap();
+    assert_eq!(fire, "1893549600000");
+    // Moving the birth re-scores the due set.
+    let (status, _) = api
+        .patch(
+            "/schedules/l0",
+            &json!({"birth_time": "2030-01-02 00:30:00"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let score: f64 = conn.zscore("kairos:due", "l0:birth").await.unwrap();
+    assert_eq!(score as i64, 1_893_544_200_000);
+    // A patch is validated as a whole: this one would make the term too short.
+    assert_eq!(
+        code(
+            &api.patch(
+                "/schedules/l0",
+                &json!({"death_time": "2030-01-02 00:30:00.500"})
+            )
+            .await
+        ),
+        (400, "term_too_short")
+    );
+    // ...and checked against other bookings of the resource.
+    assert_eq!(
+        code(
+            &api.patch(
+                "/schedules/l0",
+                &json!({"death_time": "2030-01-04 00:00:00"})
+            )
+            .await
+        ),
+        (409, "resource_conflict")
+    );
+    assert_eq!(
+        code(&api.patch("/schedules/nope", &json!({})).await),
+        (404, "not_found")
+    );
+
+    // Cancel before birth: Stillbirth, the birth is out of the due set.
+    let (status, cancelled) = api.delete("/schedules/l1").await;
+    assert_eq!(
+        (status, cancelled["state"].as_str()),
+        (200, Some("Stillbirth"))
+    );
+    let gone: Option<f64> = conn.zscore("kairos:due", "l1:birth").await.unwrap();
+    assert_eq!(gone, None);
+    let (_, l1) = api.get("/schedules/l1").await;
+    assert_eq!(l1["plans"][0]["state"], "Cancelled");
+    assert_eq!(l1["plans"][1]["state"], "Cancelled");
+    // A finished Life cannot be cancelled or changed again.
+    assert_eq!(
+        code(&api.delete("/schedules/l1").await),
+        (409, "life_finished")
+    );
+    assert_eq!(
+        code(
+            &api.patch(
+                "/schedules/l1",
+                &json!({"birth_time": "2030-02-01 00:00:00"})
+            )
+            .await
+        ),
+        (409, "life_finished")
+    );
+    assert_eq!(
+        code(&api.delete("/schedules/nope").await),
+        (404, "not_found")
+    );
+    // A cancelled Life no longer holds its resource.
+    let r = api
+        .post(
+            "/schedules",
+            &term("l1b", "odd", "2030-01-03 00:00:00", "2030-01-03 01:00:00"),
+        )
+        .await;
+    assert_eq!(r.0, 200, "{}", r.1);
+
+    assert_eq!(code(&api.get("/nowhere").await), (404, "not_found"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_scopes() {
+    let redis = RedisServer::start();
+    let host = Host::start(
+        &redis.url(),
+        &flags(&["--api-tokens", "r3ad:read,b00k:book,adm1n:admin"]),
+    );
+    let anon = Api::new(&host);
+    let reader = anon.with_token("r3ad");
+    let booker = anon.with_token("b00k");
+    let admin = anon.with_token("adm1n");
+
+    assert_eq!(anon.get("/healthz").await.0, 200, "healthz needs no token");
+    assert_eq!(code(&anon.get("/schedules").await), (401, "unauthorized"));
+    assert_eq!(code(&anon.get("/readyz").await), (401, "unauthorized"));
+    assert_eq!(
+        code(&anon.with_token("guess").get("/schedules").await),
+        (401, "unauthorized")
+    );
+    assert_eq!(reader.get("/schedules").await.0, 200);
+    let r = reader
+        .post("/schedules", &point("s1", "2030-01-01 00:00:00"))
+        .await;
+    assert_eq!(code(&r), (403, "forbidden"));
+    assert_eq!(
+        booker
+            .post("/schedules", &point("s1", "2030-01-01 00:00:00"))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        booker.get("/schedules/s1").await.0,
+        200,
+        "book implies read"
+    );
+    assert_eq!(
+        code(&reader.delete("/schedules/s1").await),
+        (403, "forbidden")
+    );
+    assert_eq!(
+        admin.delete("/schedules/s1").await.0,
+        200,
+        "admin implies book"
+    );
+    assert_eq!(
+        code(
+            &booker
+                .raw(Method::PUT, "/plugins/x", b"\0asm".to_vec(), &[])
+                .await
+        ),
+        (403, "forbidden")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refuses_an_open_non_loopback_listen_without_tokens() {
+    let redis = RedisServer::start();
+    let out = std::process::Command::new(kairos_e2e::kairos_bin())
+        .args([
+            "serve",
+            "--redis-url",
+            &redis.url(),
+            "--listen",
+            "0.0.0.0:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("--insecure") && stderr.contains("--api-tokens"),
+        "{stderr}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn local_times_are_read_in_the_configured_zone() {
+    let redis = RedisServer::start();
+    let host = Host::start(&redis.url(), &flags(&["--timezone", "Asia/Tokyo"]));
+    let api = Api::new(&host);
+    // 15:05 in Tokyo is 06:05 UTC.
+    let (status, local) = api
+        .post("/schedules", &point("tz1", "2030-12-15 15:05:00"))
+        .await;
+    assert_eq!(status, 200, "{local}");
+    assert_eq!(local["birth_time"], "2030-12-15T15:05:00+09:00");
+    assert_eq!(local["birth_time_ms"], 1_923_545_100_000i64);
+    // The same instant as RFC 3339 with another offset.
+    let (_, rfc) = api
+        .post("/schedules", &point("tz2", "2030-12-15T07:05:00+01:00"))
+        .await;
+    assert_eq!(rfc["birth_time_ms"], local["birth_time_ms"]);
+    let mut conn = redis.conn().await;
+    let score: f64 = conn.zscore("kairos:due", "tz1:birth").await.unwrap();
+    assert_eq!(score as i64, 1_923_545_100_000);
+    let stored: String = conn.hget("kairos:life:tz1", "birth_at").await.unwrap();
+    assert_eq!(stored, "2030-12-15T15:05:00+09:00");
+    // A flat body with a term in local time, and the list filter in local time.
+    let (status, t) = api
+        .post("/schedules", &json!({"life_uuid": "tz3", "schedule_type": "term", "birth_time": "2030-12-16 09:00:00", "death_time": "2030-12-16 10:00:00", "birth_action": hook(), "death_action": hook()}))
+        .await;
+    assert_eq!(status, 200, "{t}");
+    assert_eq!(
+        t["death_time_ms"].as_i64().unwrap() - t["birth_time_ms"].as_i64().unwrap(),
+        3_600_000
+    );
+    let (_, page) = api.get("/schedules?from=2030-12-16%2000:00:00").await;
+    let items = page["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1);
+    assert_eq!(items[0]["life_uuid"], "tz3");
+    // Spring-forward gaps have no local time: refused with a hint.
+    let host_ny = Host::start(
+        &redis.url(),
+        &flags(&["--timezone", "America/New_York", "--key-prefix", "ny"]),
+    );
+    let r = Api::new(&host_ny)
+        .post("/schedules", &point("gap", "2031-03-09 02:30:00"))
+        .await;
+    assert_eq!(code(&r), (400, "invalid_time"));
+    assert!(r.1["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("daylight-saving"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
+    let redis = RedisServer::start();
+    let mut host = Host::start(&redis.url(), &flags(&[]));
+    let api = Api::new(&host);
+    let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let acknowledged = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    // 32 clients book as fast as they can until the host dies under them.
+    let mut clients = Vec::new();
+    for _ in 0..32 {
+        let (api, next, acknowledged) = (api.clone(), next.clone(), acknowledged.clone());
+        clients.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let body = term(
+                    &format!("b{i}"),
+                    &format!("res-{i}"),
+                    "2030-01-01 00:00:00",
+                    "2030-01-01 01:00:00",
+                );
+                // Api panics on a connection error; run each request in its own task so a
+                // refused connection just ends this client.
+                let api = api.clone();
+                match tokio::spawn(async move { api.post("/schedules", &body).await.0 }).await {
+                    Ok(200) => acknowledged.lock().unwrap().push(i),
+                    Ok(other) => panic!("booking b{i} refused with {other}"),
+                    Err(_) => return,
+                }
+            }
+        }));
+    }
+    while next.load(std::sync::atomic::Ordering::Relaxed) < 1500 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    host.kill9();
+    for c in clients {
+        c.await.unwrap();
+    }
+    let acknowledged = acknowledged.lock().unwrap().clone();
+    assert!(
+        acknowledged.len() >= 1000,
+        "only {} bookings landed before the kill",
+        acknowledged.len()
+    );
+
+    let mut conn = redis.conn().await;
+    let lives: Vec<String> = conn.keys("kairos:life:*").await.unwrap();
+    let due: Vec<String> = conn.zrange("kairos:due", 0, -1).await.unwrap();
+    let index: Vec<String> = conn.zrange("kairos:lives", 0, -1).await.unwrap();
+    let birth_plans: Vec<String> = conn.keys("kairos:plan:*:birth").await.unwrap();
+    let death_plans: Vec<String> = conn.keys("kairos:plan:*:death").await.unwrap();
+    let resources: Vec<String> = conn.keys("kairos:resource:*").await.unwrap();
+    assert_eq!(lives.len(), birth_plans.len());
+    assert_eq!(lives.len(), death_plans.len());
+    assert_eq!(lives.len(), due.len());
+    assert_eq!(lives.len(), index.len());
+    assert_eq!(lives.len(), resources.len());
+    for i in &acknowledged {
+        assert!(
+            lives.contains(&format!("kairos:life:b{i}")),
+            "acknowledged booking b{i} lost"
+        );
+    }
+    for key in &lives {
+        let id = key.trim_start_matches("kairos:life:");
+        let life: std::collections::HashMap<String, String> = conn.hgetall(key).await.unwrap();
+        for field in [
+            "life_uuid",
+            "schedule_type",
+            "state",
+            "birth_at_ms",
+            "death_at_ms",
+            "resource_id",
+        ] {
+            assert!(life.contains_key(field), "{key} lacks {field}");
+        }
+        assert!(due.contains(&format!("{id}:birth")), "{id} birth not due");
+        let in_resource: Option<f64> = conn
+            .zscore(format!("kairos:resource:{}", life["resource_id"]), id)
+            .await
+            .unwrap();
+        assert!(
+            in_resource.is_some(),
+            "{id} missing from its resource index"
+        );
+        let birth: std::collections::HashMap<String, String> = conn
+            .hgetall(format!("kairos:plan:{id}:birth"))
+            .await
+            .unwrap();
+        assert_eq!(birth.get("state").map(String::as_str), Some("Standby"));
+        assert!(birth.contains_key("action"));
+    }
+    eprintln!(
+        "{} bookings in Redis, {} acknowledged before the kill; each is whole",
+        lives.len(),
+        acknowledged.len()
+    );
+}
