@@ -201,19 +201,6 @@ pub fn fast_flags() -> Vec<String> {
     .collect()
 }
 
-/// `fast_flags()` with `extra` appended; a flag given in `extra` replaces its default.
-pub fn flags_with(extra: &[&str]) -> Vec<String> {
-    let base = fast_flags();
-    let mut out = Vec::new();
-    for pair in base.chunks(2) {
-        if !extra.contains(&pair[0].as_str()) {
-            out.extend(pair.iter().cloned());
-        }
-    }
-    out.extend(extra.iter().map(|s| s.to_string()));
-    out
-}
-
 impl Host {
     /// Starts a host on a free port against `redis_url` with `args`, and waits for /readyz.
     pub fn start(redis_url: &str, args: &[String]) -> Host {
@@ -571,6 +558,65 @@ impl Sink {
             assert!(
                 Instant::now() < deadline,
                 "sink got {} of {n} requests",
+                got.len()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// RFC 3339 (UTC, ms) of an instant given in epoch milliseconds.
+pub fn rfc3339_ms(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .expect("a representable instant")
+        .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// `base` with some flags replaced, or added when absent:
+/// `flags_with(fast_flags(), &[("--lease-ttl", "30s")])`. clap refuses a flag given twice,
+/// so overriding a value of `fast_flags()` must go through this.
+pub fn flags_with(mut base: Vec<String>, overrides: &[(&str, &str)]) -> Vec<String> {
+    for (flag, value) in overrides {
+        match base.iter().position(|a| a == flag) {
+            Some(i) => base[i + 1] = value.to_string(),
+            None => {
+                base.push(flag.to_string());
+                base.push(value.to_string());
+            }
+        }
+    }
+    base
+}
+
+impl RedisServer {
+    /// ZCARD of `key` (0 when it does not exist).
+    pub async fn zcard(&self, key: &str) -> i64 {
+        let mut conn = self.conn().await;
+        redis::cmd("ZCARD")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .expect("ZCARD answers")
+    }
+}
+
+impl Sink {
+    /// Polls what the sink received until `check` holds; panics with `what` after `within`.
+    pub async fn wait_until(
+        &self,
+        what: &str,
+        within: Duration,
+        check: impl Fn(&[Received]) -> bool,
+    ) -> Vec<Received> {
+        let deadline = Instant::now() + within;
+        loop {
+            let got = self.received();
+            if check(&got) {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sink: {what} did not happen within {within:?} ({} requests received)",
                 got.len()
             );
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -5,12 +5,13 @@
 use std::time::Duration;
 
 use axum::http::Method;
-use kairos_e2e::{flags_with, Api, Host, RedisServer};
+use kairos_e2e::{fast_flags, flags_with, Api, Host, RedisServer};
 use redis::AsyncCommands;
 use serde_json::{json, Value};
 
 fn flags(extra: &[&str]) -> Vec<String> {
-    let mut f = flags_with(extra);
+    let pairs: Vec<(&str, &str)> = extra.chunks(2).map(|p| (p[0], p[1])).collect();
+    let mut f = flags_with(fast_flags(), &pairs);
     f.extend(
         ["--gateway-url", "http://127.0.0.1:9"]
             .iter()

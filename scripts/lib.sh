@@ -1,0 +1,35 @@
+# Shared by scripts/serve and scripts/test: make sure the tools kairos needs are here,
+# installing them where this machine allows, or saying exactly what is missing.
+
+need_cargo() {
+  if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo is missing: install Rust with rustup (https://rustup.rs), then run this again." >&2
+    exit 1
+  fi
+}
+
+# redis-server and redis-cli (Debian/Ubuntu package redis-server, which brings redis-tools).
+need_redis() {
+  if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
+    return
+  fi
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "installing redis-server (apt-get)…" >&2
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then
+    echo "installing redis-server (sudo apt-get)…" >&2
+    sudo apt-get update -qq >/dev/null && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null
+  fi
+  if ! command -v redis-server >/dev/null 2>&1; then
+    echo "redis-server is missing: install it (Debian/Ubuntu: apt-get install -y redis-server; macOS: brew install redis), or run with --redis-url." >&2
+    exit 1
+  fi
+}
+
+need_curl() {
+  command -v curl >/dev/null 2>&1 && return
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq curl >/dev/null
+  fi
+  command -v curl >/dev/null 2>&1 || { echo "curl is missing: apt-get install -y curl" >&2; exit 1; }
+}
