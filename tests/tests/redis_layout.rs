@@ -9,7 +9,10 @@ use kairos_e2e::{fast_flags, flags_with, Host, RedisServer};
 
 /// (command, expected output lines) in document order.
 fn session(doc: &str) -> Vec<(String, Vec<String>)> {
-    let section = doc.split("## A session to follow").nth(1).expect("the doc has the session section");
+    let section = doc
+        .split("## A session to follow")
+        .nth(1)
+        .expect("the doc has the session section");
     let mut steps: Vec<(String, Vec<String>)> = Vec::new();
     let mut in_block = false;
     for line in section.lines() {
@@ -31,13 +34,30 @@ fn session(doc: &str) -> Vec<(String, Vec<String>)> {
 
 #[test]
 fn the_documented_session_is_what_redis_shows() {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/redis-layout.md")).unwrap();
+    let doc = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/redis-layout.md"
+    ))
+    .unwrap();
     let steps = session(&doc);
-    assert!(steps.len() >= 10, "the session should have its commands, found {}", steps.len());
+    assert!(
+        steps.len() >= 10,
+        "the session should have its commands, found {}",
+        steps.len()
+    );
     assert!(steps.iter().any(|(c, _)| c.starts_with("curl")));
 
     let redis = RedisServer::start();
-    let host = Host::start(&redis.url(), &flags_with(fast_flags(), &[("--gateway-url", "http://gateway.example:8000"), ("--timezone", "UTC")]));
+    let host = Host::start(
+        &redis.url(),
+        &flags_with(
+            fast_flags(),
+            &[
+                ("--gateway-url", "http://gateway.example:8000"),
+                ("--timezone", "UTC"),
+            ],
+        ),
+    );
     for (cmd, expected) in steps {
         let real = if let Some(args) = cmd.strip_prefix("redis-cli ") {
             format!("redis-cli -p {} --no-raw {args}", redis.port)
@@ -45,9 +65,16 @@ fn the_documented_session_is_what_redis_shows() {
             cmd.replace("localhost:8080", &host.addr.to_string())
         };
         let out = Command::new("bash").arg("-c").arg(&real).output().unwrap();
-        assert!(out.status.success(), "`{cmd}` failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "`{cmd}` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8_lossy(&out.stdout);
         let got: Vec<&str> = stdout.lines().collect();
-        assert_eq!(got, expected, "output of `{cmd}` differs from docs/redis-layout.md");
+        assert_eq!(
+            got, expected,
+            "output of `{cmd}` differs from docs/redis-layout.md"
+        );
     }
 }

@@ -1,0 +1,330 @@
+//! kairos benchmarks, run in one go on this machine next to the storage ceiling
+//! (redis-benchmark against the same redis-server). Prints a markdown report.
+//!
+//! `scripts/bench` builds a release kairos and runs this in release mode. Sections:
+//! `booking` (throughput over keep-alive with 64 clients, Redis memory per booking) and
+//! `firing` (lateness at 1,000 fires/s, highest sustained rate with p99 < 50 ms, 100,000
+//! Plans due within one second). Pass section names to run only some.
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use kairos_e2e::{fast_flags, flags_with, now_ms, rfc3339_ms, Api, Host, RedisServer};
+use serde_json::json;
+
+/// Arrivals at the bench sink: (ETA the host sent, receive time), both epoch ms.
+#[derive(Default)]
+struct SinkLog {
+    arrivals: Mutex<Vec<(i64, i64)>>,
+}
+
+async fn sink_handler(
+    State(log): State<Arc<SinkLog>>,
+    headers: HeaderMap,
+    _body: Bytes,
+) -> &'static str {
+    let received = now_ms();
+    let eta = headers
+        .get("x-kairos-eta")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    log.arrivals.lock().unwrap().push((eta, received));
+    "ok"
+}
+
+async fn start_sink() -> (String, Arc<SinkLog>) {
+    let log = Arc::new(SinkLog::default());
+    let app = axum::Router::new()
+        .fallback(sink_handler)
+        .with_state(log.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}"), log)
+}
+
+fn percentile(sorted: &[i64], p: f64) -> i64 {
+    if sorted.is_empty() {
+        return 0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let mem = std::fs::read_to_string("/proc/meminfo")
+        .unwrap_or_default()
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .nth(1)
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb / 1024 / 1024)
+        .unwrap_or(0);
+    let redis = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .nth(2)
+                .unwrap_or("")
+                .to_string()
+        })
+        .unwrap_or_default();
+    format!("{cpu}, {cores} cores, {mem} GiB RAM, Redis {redis}; kairos, Redis, the bench client and sink all on this machine")
+}
+
+fn redis_benchmark(port: u16, pipeline: u32) -> f64 {
+    let out = Command::new("redis-benchmark")
+        .args([
+            "-p",
+            &port.to_string(),
+            "-t",
+            "zadd",
+            "-n",
+            "200000",
+            "-c",
+            "64",
+            "-q",
+            "-P",
+            &pipeline.to_string(),
+        ])
+        .output()
+        .expect("redis-benchmark runs");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "ZADD: 95238.10 requests per second, p50=0.3 msec"
+    text.split("ZADD:")
+        .last()
+        .and_then(|t| t.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn used_memory(redis: &RedisServer) -> i64 {
+    let mut conn = redis.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Books `count` point Lives with `clients` concurrent keep-alive clients; `fire_at(i)`
+/// gives each one's time. Returns (seconds, per-request latencies in µs, sorted).
+async fn book_many(
+    host: &Host,
+    count: usize,
+    clients: usize,
+    gateway_path: bool,
+    fire_at: impl Fn(usize) -> i64 + Send + Sync + 'static,
+) -> (f64, Vec<i64>) {
+    let fire_at = Arc::new(fire_at);
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        // One client (and so one keep-alive connection) per task.
+        let api = Api::new(host);
+        let (next, fire_at) = (next.clone(), fire_at.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::new();
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return latencies;
+                }
+                let action = if gateway_path {
+                    json!({"path": "/hook", "method": "POST", "body": {"n": i}})
+                } else {
+                    json!({"url": "http://example.com/hook", "method": "POST", "body": {"n": i}})
+                };
+                let body = json!({"schedule_type": "point", "birth_time": rfc3339_ms(fire_at(i)), "birth": action});
+                let t = Instant::now();
+                let (status, reply) = api.post("/schedules", &body).await;
+                assert_eq!(status, 200, "{reply}");
+                latencies.push(t.elapsed().as_micros() as i64);
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all.sort_unstable();
+    (started.elapsed().as_secs_f64(), all)
+}
+
+async fn bench_booking() {
+    println!("## Booking\n");
+    let redis = RedisServer::start();
+    let ceiling_1 = redis_benchmark(redis.port, 1);
+    let ceiling_16 = redis_benchmark(redis.port, 16);
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let host = Host::start(
+        &redis.url(),
+        &flags_with(
+            fast_flags(),
+            &[
+                ("--gateway-url", "http://127.0.0.1:9"),
+                ("--execution-guard-time", "30s"),
+            ],
+        ),
+    );
+    // Warm up connections and scripts.
+    let far = now_ms() + 86_400_000;
+    book_many(&host, 2_000, 64, true, move |i| far + i as i64).await;
+    let before = used_memory(&redis).await;
+    let count = 100_000;
+    let (secs, lat) = book_many(&host, count, 64, true, move |i| far + 10_000 + i as i64).await;
+    let after = used_memory(&redis).await;
+    let per_booking = (after - before) as f64 / count as f64;
+    println!("| measure | result |\n|---|---|");
+    println!("| `POST /schedules`, 100,000 point bookings, 64 keep-alive clients | **{:.0} bookings/s** ({secs:.2} s) |", count as f64 / secs);
+    println!(
+        "| request latency p50 / p99 / max | {:.2} / {:.2} / {:.2} ms |",
+        percentile(&lat, 0.5) as f64 / 1000.0,
+        percentile(&lat, 0.99) as f64 / 1000.0,
+        percentile(&lat, 1.0) as f64 / 1000.0
+    );
+    println!("| Redis `used_memory` per pending point booking (small webhook action) | **{per_booking:.0} bytes** |");
+    println!(
+        "| ceiling: `redis-benchmark -t zadd -c 64` on the same server | {ceiling_1:.0} ZADD/s |"
+    );
+    println!("| ceiling: same, pipelined `-P 16` | {ceiling_16:.0} ZADD/s |");
+    println!();
+}
+
+/// Books `count` Plans firing over `spread_ms` from a start far enough ahead to finish
+/// booking first; waits until all fired; returns sorted lateness (ms) and the time from
+/// the first fire time to the last arrival.
+async fn fire_run(
+    host: &Host,
+    sink: &Arc<SinkLog>,
+    count: usize,
+    spread_ms: i64,
+) -> (Vec<i64>, i64) {
+    sink.arrivals.lock().unwrap().clear();
+    // Booking runs at roughly 10k/s here; start firing after it is surely done.
+    let lead_ms = 2_000 + (count as i64 / 8);
+    let start = now_ms() + lead_ms;
+    let step = spread_ms as f64 / count as f64;
+    book_many(host, count, 64, true, move |i| {
+        start + (i as f64 * step) as i64
+    })
+    .await;
+    assert!(
+        now_ms() < start,
+        "booking took longer than the lead time; raise it"
+    );
+    let deadline = Instant::now() + Duration::from_millis((lead_ms + spread_ms + 60_000) as u64);
+    loop {
+        if sink.arrivals.lock().unwrap().len() >= count {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} fired",
+            sink.arrivals.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let arrivals = sink.arrivals.lock().unwrap().clone();
+    let mut lateness: Vec<i64> = arrivals.iter().map(|(eta, at)| at - eta).collect();
+    lateness.sort_unstable();
+    let last = arrivals.iter().map(|(_, at)| *at).max().unwrap_or(start);
+    (lateness, last - start)
+}
+
+async fn bench_firing() {
+    println!("## Firing\n");
+    let redis = RedisServer::start();
+    let ceiling = redis_benchmark(redis.port, 1);
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
+    let (sink_url, sink) = start_sink().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags_with(
+            fast_flags(),
+            &[
+                ("--gateway-url", sink_url.as_str()),
+                ("--execution-guard-time", "500ms"),
+                ("--max-claimed", "200000"),
+            ],
+        ),
+    );
+    println!("Webhooks to a Rust (axum) sink on keep-alive connections; lateness = sink arrival − booked fire time. Ceiling: `redis-benchmark -t zadd -c 64` on the same server: {ceiling:.0} ZADD/s.\n");
+    println!("| run | fired | lateness p50 / p99 / max | last fired after first fire time |\n|---|---|---|---|");
+    let (lat, _) = fire_run(&host, &sink, 10_000, 10_000).await;
+    println!(
+        "| 1,000 fires/s for 10 s | {} | **{} / {} / {} ms** | |",
+        lat.len(),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        percentile(&lat, 1.0)
+    );
+    let mut best_rate = 0;
+    for rate in [2_000usize, 5_000, 10_000, 15_000, 20_000] {
+        let count = rate * 5;
+        let (lat, _) = fire_run(&host, &sink, count, 5_000).await;
+        let p99 = percentile(&lat, 0.99);
+        println!(
+            "| {rate} fires/s for 5 s | {} | {} / {p99} / {} ms | |",
+            lat.len(),
+            percentile(&lat, 0.5),
+            percentile(&lat, 1.0)
+        );
+        if p99 < 50 {
+            best_rate = rate;
+        } else {
+            break;
+        }
+    }
+    let (lat, drain) = fire_run(&host, &sink, 100_000, 1_000).await;
+    println!(
+        "| 100,000 Plans due within one second | {} | {} / {} / {} ms | **{:.2} s** |",
+        lat.len(),
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        percentile(&lat, 1.0),
+        drain as f64 / 1000.0
+    );
+    println!("\nHighest rate tried with p99 lateness under 50 ms: **{best_rate} fires/s**.\n");
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let want = |s: &str| args.is_empty() || args.iter().any(|a| a == s);
+    println!("# kairos benchmark run\n");
+    println!("Machine: {}.\n", machine());
+    if want("booking") {
+        bench_booking().await;
+    }
+    if want("firing") {
+        bench_firing().await;
+    }
+}
