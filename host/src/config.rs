@@ -142,6 +142,9 @@ pub struct ServeArgs {
     /// Default request timeout of webhook actions (s) [default: 30s].
     #[arg(long, env = "KAIROS_REQUEST_TIMEOUT")]
     pub request_timeout: Option<String>,
+    /// Approximate length cap of the `runs` stream of every run [default: 100000].
+    #[arg(long, env = "KAIROS_RUNS_STREAM_MAX_LEN")]
+    pub runs_stream_max_len: Option<String>,
 }
 
 /// An API token and the scope it grants.
@@ -199,6 +202,7 @@ pub struct Config {
     pub response_body_limit: usize,
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
+    pub runs_stream_max_len: usize,
 }
 
 impl Default for Config {
@@ -278,6 +282,7 @@ const KNOWN_KEYS: &[&str] = &[
     "response_body_limit",
     "connect_timeout",
     "request_timeout",
+    "runs_stream_max_len",
 ];
 
 /// Parses a duration: a plain number (fractions allowed) in `unit`, or a humantime string
@@ -497,6 +502,11 @@ impl Config {
                 &args.request_timeout,
                 SECOND,
                 Duration::from_secs(30),
+            )?,
+            runs_stream_max_len: r.number(
+                "runs_stream_max_len",
+                &args.runs_stream_max_len,
+                100_000usize,
             )?,
         };
         config.check()?;

@@ -7,13 +7,16 @@
 //! for good but is retried every `death_retry_interval`, so that a resource is never left
 //! activated silently.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::actions::webhook::{CallContext, CallResult};
 use crate::model::{Action, PlanKind};
 use crate::scheduler::Engine;
-use crate::store::{Claimed, RunOutcome, RunRecord, StartOutcome};
+use crate::store::{Claimed, FinishedRun, RunOutcome, RunRecord, StartOutcome};
 
 /// Pause before a Plan whose resource is busy tries again.
 const RESOURCE_BUSY_RETRY_MS: i64 = 50;
@@ -55,52 +58,99 @@ pub fn decide(
     (RunOutcome::Failed, "failed")
 }
 
+/// Most Plans one `start_run` call fences.
+pub(crate) const START_BATCH: usize = 256;
+/// Most runs one `finish_run` call records.
+const FINISH_BATCH: usize = 256;
+
+/// A run waiting for its outcome to be written, with the worker slot it holds.
+pub(crate) struct Finished {
+    run: FinishedRun,
+    _slot: OwnedSemaphorePermit,
+}
+
 impl Engine {
-    /// Runs one Plan handed over by the dispatcher.
-    pub(crate) async fn run_plan(self: &Arc<Self>, plan: Claimed) {
-        let Some((uuid, kind)) = plan.life_and_kind().map(|(u, k)| (u.to_string(), k)) else {
-            tracing::error!(plan = %plan.plan_id, "claimed a Plan id of an unknown shape; dropping it");
-            self.forget();
-            return;
-        };
-        let action: Result<Action, String> = serde_json::from_str(&plan.action)
-            .map_err(|e| format!("the stored action is unreadable: {e}"));
-        let request_timeout = match &action {
-            Ok(Action::Webhook(w)) => w.request_timeout_ms.map(Duration::from_millis),
-            _ => None,
-        }
-        .unwrap_or(self.config.request_timeout);
-        let lock_ttl_ms = (self.config.lease_ttl + request_timeout).as_millis() as u64;
+    /// Fences a batch of fired Plans in one `start_run` call and spawns the runs that may
+    /// go; each holds its worker slot until its outcome is recorded.
+    pub(crate) async fn start_batch(
+        self: &Arc<Self>,
+        batch: Vec<(Claimed, OwnedSemaphorePermit)>,
+        finished: &mpsc::UnboundedSender<Finished>,
+    ) {
         let now_ms = self.clock.now_ms();
-        let started = self
+        let actions: Vec<Result<Action, String>> = batch
+            .iter()
+            .map(|(plan, _)| {
+                serde_json::from_str(&plan.action)
+                    .map_err(|e| format!("the stored action is unreadable: {e}"))
+            })
+            .collect();
+        let requests: Vec<(&Claimed, u64)> = batch
+            .iter()
+            .zip(&actions)
+            .map(|((plan, _), action)| {
+                let request_timeout = match action {
+                    Ok(Action::Webhook(w)) => w.request_timeout_ms.map(Duration::from_millis),
+                    _ => None,
+                }
+                .unwrap_or(self.config.request_timeout);
+                (
+                    plan,
+                    (self.config.lease_ttl + request_timeout).as_millis() as u64,
+                )
+            })
+            .collect();
+        let outcomes = self
             .store
-            .start_run(
+            .start_runs(
                 &self.host_id,
-                &plan,
-                &uuid,
-                kind,
+                &requests,
                 now_ms,
-                lock_ttl_ms,
                 self.config.birth_delay_limit_time.as_millis() as i64,
             )
             .await;
-        let attempts = match started {
-            Ok(StartOutcome::Run { attempts }) => attempts,
-            Ok(StartOutcome::Busy) => {
-                self.schedule(plan, now_ms + RESOURCE_BUSY_RETRY_MS);
-                return;
-            }
-            Ok(StartOutcome::Lost) | Ok(StartOutcome::Invalidated) => {
-                self.forget();
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(plan = %plan.plan_id, error = %e, "cannot start a run; trying again");
-                self.schedule(plan, now_ms + STORE_ERROR_RETRY_MS);
+        let outcomes = match outcomes {
+            Ok(o) if o.len() == batch.len() => o,
+            other => {
+                if let Err(e) = other {
+                    tracing::warn!(error = %e, plans = batch.len(), "cannot start runs; trying again");
+                }
+                for (plan, _) in batch {
+                    self.schedule(plan, now_ms + STORE_ERROR_RETRY_MS);
+                }
                 return;
             }
         };
+        for (((plan, slot), action), outcome) in batch.into_iter().zip(actions).zip(outcomes) {
+            match outcome {
+                StartOutcome::Run { attempts } => {
+                    let engine = self.clone();
+                    let finished = finished.clone();
+                    self.running.fetch_add(1, Ordering::AcqRel);
+                    tokio::spawn(async move {
+                        let run = engine.run_one(plan, action, attempts).await;
+                        // The finisher outlives every run (it ends when the last sender
+                        // drops), so this send only fails if the engine is gone.
+                        let _ = finished.send(Finished { run, _slot: slot });
+                    });
+                }
+                StartOutcome::Busy => self.schedule(plan, now_ms + RESOURCE_BUSY_RETRY_MS),
+                StartOutcome::Lost | StartOutcome::Invalidated => self.forget(),
+            }
+        }
+    }
 
+    /// Runs one action and decides what comes next.
+    async fn run_one(
+        &self,
+        plan: Claimed,
+        action: Result<Action, String>,
+        attempts: u32,
+    ) -> FinishedRun {
+        let (uuid, kind) = match plan.life_and_kind() {
+            Some((uuid, kind)) => (uuid.to_string(), kind),
+            None => (plan.plan_id.clone(), PlanKind::Birth),
+        };
         let started_at_ms = self.clock.now_ms();
         let result = match &action {
             Ok(Action::Webhook(webhook)) => {
@@ -139,59 +189,69 @@ impl Engine {
             tracing::info!(plan = %plan.plan_id, attempts, outcome = word, error = ?result.error, "run did not succeed");
         }
         let record = RunRecord {
-            plan: kind,
             should_run_at_ms: plan.fire_at_ms,
             started_at_ms,
             duration_ms: (finished_at_ms - started_at_ms).max(0) as u64,
-            host: self.host_id.clone(),
             outcome: word,
             status: result.status,
-            error: result.error.clone(),
+            error: result.error,
             attempt: attempts,
         };
-        self.record_finish(&plan, &uuid, &outcome, &record).await;
-        self.forget();
+        FinishedRun {
+            plan,
+            outcome,
+            record,
+        }
     }
 
-    /// Writes the outcome, retrying while Redis is away. Gives up after the lease time:
-    /// by then the supervisor of another host may have taken the Plan over, and it will
-    /// run again (at-least-once).
-    async fn record_finish(
-        &self,
-        plan: &Claimed,
-        uuid: &str,
-        outcome: &RunOutcome,
-        record: &RunRecord,
-    ) {
+    /// Records finished runs in batches: whatever arrived while the previous batch was
+    /// being written goes in the next one.
+    pub(crate) async fn finisher(self: Arc<Self>, mut finished: mpsc::UnboundedReceiver<Finished>) {
+        while let Some(first) = finished.recv().await {
+            let mut batch = vec![first];
+            while batch.len() < FINISH_BATCH {
+                match finished.try_recv() {
+                    Ok(next) => batch.push(next),
+                    Err(_) => break,
+                }
+            }
+            self.record_batch(&batch).await;
+            for _ in &batch {
+                self.running.fetch_sub(1, Ordering::AcqRel);
+                self.forget();
+            }
+        }
+    }
+
+    /// Writes outcomes, retrying while Redis is away. Gives up after the lease time: by
+    /// then another host's supervisor may have taken the Plans over, and they run again
+    /// (at-least-once).
+    async fn record_batch(&self, batch: &[Finished]) {
+        let runs: Vec<FinishedRun> = batch.iter().map(|f| f.run.clone()).collect();
         let give_up = tokio::time::Instant::now() + self.config.lease_ttl;
         let mut pause = Duration::from_millis(50);
         loop {
             let now_ms = self.clock.now_ms();
             match self
                 .store
-                .finish_run(
-                    &self.host_id,
-                    plan,
-                    uuid,
-                    outcome,
-                    record,
-                    now_ms,
-                    self.notify_before_ms(),
-                )
+                .finish_runs(&self.host_id, &runs, now_ms, self.notify_before_ms())
                 .await
             {
-                Ok(true) => return,
-                Ok(false) => {
-                    tracing::warn!(plan = %plan.plan_id, "the Plan was taken over while it ran; its run is recorded, its state left to the new holder");
+                Ok(held) => {
+                    for (run, held) in runs.iter().zip(held) {
+                        if !held {
+                            tracing::warn!(plan = %run.plan.plan_id, "the Plan was taken over while it ran; its run is recorded, its state left to the new holder");
+                        }
+                    }
                     return;
                 }
                 Err(e) if tokio::time::Instant::now() < give_up => {
-                    tracing::warn!(plan = %plan.plan_id, error = %e, "cannot record a finished run; retrying");
+                    tracing::warn!(error = %e, runs = runs.len(), "cannot record finished runs; retrying");
                     tokio::time::sleep(pause).await;
                     pause = (pause * 2).min(Duration::from_secs(1));
                 }
                 Err(e) => {
-                    tracing::error!(plan = %plan.plan_id, error = %e, "gave up recording a finished run; the Plan will run again after its lease expires");
+                    tracing::error!(error = %e, runs = runs.len(), "gave up recording finished runs; the Plans will run again after their lease expires");
                     return;
                 }
             }

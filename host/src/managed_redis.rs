@@ -61,6 +61,11 @@ fn spawn(data_dir: &Path, socket: &Path) -> anyhow::Result<Child> {
         .arg("everysec")
         .arg("--save")
         .arg("")
+        // Plan hashes hold an action's JSON; past 64 bytes (the default) a value turns the
+        // whole hash into a hashtable of about twice the memory. Listpacks of a dozen
+        // fields up to 1 KiB each stay fast to read and keep a pending booking small.
+        .arg("--hash-max-listpack-value")
+        .arg("1024")
         .arg("--logfile")
         .arg(data_dir.join("redis.log"))
         .stdin(Stdio::null())

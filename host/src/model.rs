@@ -105,14 +105,17 @@ string_enum! {
     }
 }
 
-/// What a Plan does when it fires.
+/// What a Plan does when it fires. Stored in the Plan hash as compact JSON: a plugin
+/// action is told apart by its `plugin` field, and zero defaults are left out, so that a
+/// small action stays under Redis's `hash-max-listpack-value` (64 bytes by default) and
+/// the Plan hash keeps the compact listpack encoding.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(untagged)]
 pub enum Action {
-    /// The built-in HTTP webhook.
-    Webhook(WebhookAction),
     /// A WebAssembly component plugin.
     Plugin(PluginAction),
+    /// The built-in HTTP webhook.
+    Webhook(WebhookAction),
 }
 
 impl Action {
@@ -150,9 +153,9 @@ pub struct WebhookAction {
     pub connect_timeout_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub request_timeout_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub retry_count: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub retry_interval_ms: u64,
 }
 
@@ -165,10 +168,18 @@ pub struct PluginAction {
     pub input: serde_json::Value,
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub timeout_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero_u32")]
     pub retry_count: u32,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub retry_interval_ms: u64,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The id of a Plan inside Redis: `{life_uuid}:{kind}`.
@@ -217,9 +228,22 @@ mod tests {
         let text = serde_json::to_string(&a).unwrap();
         assert_eq!(
             text,
-            r#"{"kind":"webhook","path":"/tasks","method":"POST","body":{"id":"a0"},"retry_count":0,"retry_interval_ms":0}"#
+            r#"{"path":"/tasks","method":"POST","body":{"id":"a0"}}"#
         );
         let back: Action = serde_json::from_str(&text).unwrap();
         assert_eq!(back, a);
+        let plugin = Action::Plugin(PluginAction {
+            plugin: "chain@2".into(),
+            input: serde_json::json!({"k": 1}),
+            timeout_ms: None,
+            retry_count: 3,
+            retry_interval_ms: 0,
+        });
+        let text = serde_json::to_string(&plugin).unwrap();
+        assert_eq!(
+            text,
+            r#"{"plugin":"chain@2","input":{"k":1},"retry_count":3}"#
+        );
+        assert_eq!(serde_json::from_str::<Action>(&text).unwrap(), plugin);
     }
 }

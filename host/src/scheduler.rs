@@ -28,6 +28,7 @@ use tokio::sync::{mpsc, watch, Notify, Semaphore};
 use crate::actions::webhook::WebhookAgent;
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::executor::START_BATCH;
 use crate::outbound::OutboundPolicy;
 use crate::store::{Claimed, Store};
 
@@ -47,7 +48,7 @@ pub struct Engine {
     sequence: AtomicU64,
     /// Plans this host holds in memory: in the timer, in the queue or running.
     pub(crate) in_memory: AtomicUsize,
-    /// Runs under way now.
+    /// Runs under way now, from a successful start until their outcome is recorded.
     pub(crate) running: AtomicUsize,
     /// Set when a claim pass stopped because of back-pressure; the next finished run
     /// wakes the claimer.
@@ -257,42 +258,60 @@ impl Engine {
         }
     }
 
+    /// Takes the entries due by `now_ms` off the front of the timer (O(k log n) for k due
+    /// entries; the rest of the map is left in place).
     fn pop_due(&self, now_ms: i64) -> Vec<Claimed> {
         let mut timer = self.timer.lock().expect("timer lock");
-        let later = timer.split_off(&(now_ms + 1, 0));
-        let due = std::mem::replace(&mut *timer, later);
-        due.into_values().collect()
+        let mut due = Vec::new();
+        while let Some(entry) = timer.first_entry() {
+            if entry.key().0 > now_ms {
+                break;
+            }
+            due.push(entry.remove());
+        }
+        due
     }
 
+    /// Takes fired Plans from the queue, as many at once as there are free worker slots
+    /// (up to `START_BATCH`), and starts them with one Redis call per batch.
     async fn worker_pool(
         self: Arc<Self>,
         mut rx: mpsc::Receiver<Claimed>,
         mut shutdown: ShutdownSignal,
     ) {
         let slots = Arc::new(Semaphore::new(self.config.workers));
+        let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+        let finisher = tokio::spawn(self.clone().finisher(finished_rx));
         loop {
-            let permit = tokio::select! {
-                p = slots.clone().acquire_owned() => p.expect("semaphore never closes"),
+            let slot = tokio::select! {
+                s = slots.clone().acquire_owned() => s.expect("semaphore never closes"),
                 _ = until_shutdown(&mut shutdown) => break,
             };
-            let plan = tokio::select! {
+            let first = tokio::select! {
                 plan = rx.recv() => match plan { Some(p) => p, None => break },
                 _ = until_shutdown(&mut shutdown) => break,
             };
-            let engine = self.clone();
-            self.running.fetch_add(1, Ordering::AcqRel);
-            tokio::spawn(async move {
-                engine.run_plan(plan).await;
-                engine.running.fetch_sub(1, Ordering::AcqRel);
-                drop(permit);
-            });
+            let mut batch = vec![(first, slot)];
+            while batch.len() < START_BATCH {
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    break;
+                };
+                match rx.try_recv() {
+                    Ok(plan) => batch.push((plan, slot)),
+                    Err(_) => break,
+                }
+            }
+            self.start_batch(batch, &finished_tx).await;
         }
-        // Graceful stop: let runs under way finish, within the lease so that nobody else
-        // has taken them over meanwhile.
-        let grace = self.config.lease_ttl;
-        let deadline = tokio::time::Instant::now() + grace;
+        // Graceful stop: let runs under way finish and be recorded, within the lease so
+        // that nobody else has taken them over meanwhile.
+        let deadline = tokio::time::Instant::now() + self.config.lease_ttl;
         while self.running.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        drop(finished_tx);
+        if self.running.load(Ordering::Acquire) == 0 {
+            let _ = finisher.await;
         }
         // What is still queued stays Preset under this host's lease; hand_back_all returns it.
         rx.close();

@@ -42,7 +42,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .expect("a Redis URL or a managed server");
     let store = Store::connect(&redis_url, &config.key_prefix, config.timezone)
         .await
-        .with_context(|| format!("cannot connect to Redis at {redis_url}"))?;
+        .with_context(|| format!("cannot connect to Redis at {redis_url}"))?
+        .with_runs_max_len(config.runs_stream_max_len);
     store.ping().await.context("Redis does not answer PING")?;
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);

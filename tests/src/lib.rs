@@ -64,15 +64,25 @@ pub struct RedisServer {
     pub port: u16,
     pub dir: TempDir,
     child: Option<Child>,
+    fsync: &'static str,
 }
 
 impl RedisServer {
+    /// A server that fsyncs its append-only file on every write, so that whatever it
+    /// acknowledged survives a hard restart.
     pub fn start() -> RedisServer {
+        Self::start_with_fsync("always")
+    }
+
+    /// A server with `appendfsync` set to `fsync` (`everysec` is what `kairos serve` runs
+    /// its own Redis with).
+    pub fn start_with_fsync(fsync: &'static str) -> RedisServer {
         let dir = TempDir::new("redis");
         let mut server = RedisServer {
             port: free_port(),
             dir,
             child: None,
+            fsync,
         };
         server.spawn();
         server
@@ -90,7 +100,7 @@ impl RedisServer {
                 "--appendonly",
                 "yes",
                 "--appendfsync",
-                "always",
+                self.fsync,
                 "--dir",
             ])
             .arg(&self.dir.0)

@@ -601,7 +601,6 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
         let id = key.trim_start_matches("kairos:life:");
         let life: std::collections::HashMap<String, String> = conn.hgetall(key).await.unwrap();
         for field in [
-            "life_uuid",
             "schedule_type",
             "state",
             "birth_at_ms",

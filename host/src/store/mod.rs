@@ -14,16 +14,17 @@
 //! - `hosts` (sorted set, score = lease deadline ms), `held:{host}` (sorted set, score =
 //!   fire time): which host holds which claimed Plans.
 //! - `lock:{resource}` (string with expiry): the resource's run lock.
-//! - `history:{uuid}` (stream): runs of a Life. `finished` (sorted set, score = finish
-//!   time): Lives to sweep after retention. `notify` (pub/sub channel): a Plan became due
-//!   within the look-ahead window.
+//! - `runs` (stream, capped): every run of every Life; each run is also a field
+//!   `run:{plan}:{attempt}` (JSON) of its Life hash, which is the Life's history.
+//!   `finished` (sorted set, score = finish time): Lives to sweep after retention.
+//!   `notify` (pub/sub channel): a Plan became due within the look-ahead window.
 
 use std::collections::HashMap;
 
 use chrono::{SecondsFormat, TimeZone};
 use chrono_tz::Tz;
 use redis::aio::ConnectionManager;
-use redis::{AsyncCommands, Script, Value as RedisValue};
+use redis::{AsyncCommands, Script};
 use serde_json::{json, Map, Value};
 
 use crate::booking::NewLife;
@@ -70,8 +71,8 @@ impl Keys {
     pub fn lock(&self, resource_id: &str) -> String {
         format!("{}lock:{resource_id}", self.prefix)
     }
-    pub fn history(&self, uuid: &str) -> String {
-        format!("{}history:{uuid}", self.prefix)
+    pub fn runs(&self) -> String {
+        format!("{}runs", self.prefix)
     }
     pub fn finished(&self) -> String {
         format!("{}finished", self.prefix)
@@ -165,18 +166,24 @@ pub enum RunOutcome {
     Failed,
 }
 
-/// One run as written to the Life's history stream.
+/// One run as written to the Life's history stream (the host is the batch's).
 #[derive(Debug, Clone)]
 pub struct RunRecord {
-    pub plan: PlanKind,
     pub should_run_at_ms: i64,
     pub started_at_ms: i64,
     pub duration_ms: u64,
-    pub host: String,
     pub outcome: &'static str,
     pub status: Option<u16>,
     pub error: Option<String>,
     pub attempt: u32,
+}
+
+/// A run whose outcome is to be recorded.
+#[derive(Debug, Clone)]
+pub struct FinishedRun {
+    pub plan: Claimed,
+    pub outcome: RunOutcome,
+    pub record: RunRecord,
 }
 
 /// What `DELETE /schedules/{id}` did.
@@ -209,23 +216,8 @@ pub struct Store {
     pub keys: Keys,
     scripts: std::sync::Arc<Scripts>,
     timezone: Tz,
-}
-
-fn value_to_strings(v: RedisValue) -> Vec<String> {
-    match v {
-        RedisValue::Array(items) => items.into_iter().map(value_to_string).collect(),
-        _ => Vec::new(),
-    }
-}
-
-fn value_to_string(v: RedisValue) -> String {
-    match v {
-        RedisValue::BulkString(b) => String::from_utf8_lossy(&b).into_owned(),
-        RedisValue::SimpleString(s) => s,
-        RedisValue::Int(i) => i.to_string(),
-        RedisValue::Okay => "OK".into(),
-        _ => String::new(),
-    }
+    /// Approximate cap of the `runs` stream.
+    runs_max_len: usize,
 }
 
 impl Store {
@@ -244,7 +236,14 @@ impl Store {
             keys: Keys::new(key_prefix),
             scripts: std::sync::Arc::new(Scripts::load()),
             timezone,
+            runs_max_len: 100_000,
         })
+    }
+
+    /// Sets the approximate cap of the `runs` stream.
+    pub fn with_runs_max_len(mut self, max_len: usize) -> Self {
+        self.runs_max_len = max_len;
+        self
     }
 
     /// The client, for opening a pub/sub connection.
@@ -372,7 +371,7 @@ impl Store {
         };
         Ok(Some((
             booking,
-            life.get("version").cloned().unwrap_or_default(),
+            life.get("version").cloned().unwrap_or_else(|| "0".into()),
             life.get("state").cloned().unwrap_or_default(),
         )))
     }
@@ -491,7 +490,7 @@ impl Store {
         })
     }
 
-    /// The Life as the API shows it: fields, Plans and recent history.
+    /// The Life as the API shows it: fields, Plans and recent history (newest first).
     pub async fn life_view(
         &self,
         uuid: &str,
@@ -499,33 +498,30 @@ impl Store {
     ) -> Result<Option<Value>, ApiError> {
         let mut conn = self.conn.clone();
         type Hash = HashMap<String, String>;
-        let (life, birth, death, history): (Hash, Hash, Hash, RedisValue) = redis::pipe()
+        let (life, birth, death): (Hash, Hash, Hash) = redis::pipe()
             .hgetall(self.keys.life(uuid))
             .hgetall(self.keys.plan_of(uuid, PlanKind::Birth))
             .hgetall(self.keys.plan_of(uuid, PlanKind::Death))
-            .cmd("XREVRANGE")
-            .arg(self.keys.history(uuid))
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(history_count)
             .query_async(&mut conn)
             .await?;
         if life.is_empty() {
             return Ok(None);
         }
-        let mut view = life_summary(&life);
-        let plans: Vec<Value> = [birth, death]
+        let mut view = life_summary(uuid, &life);
+        let plans: Vec<Value> = [(PlanKind::Birth, birth), (PlanKind::Death, death)]
             .iter()
-            .filter(|p| !p.is_empty())
-            .map(|p| self.plan_view(p))
+            .filter(|(_, p)| !p.is_empty())
+            .map(|(kind, p)| self.plan_view(*kind, p))
             .collect();
         view.insert("plans".into(), Value::Array(plans));
-        view.insert("history".into(), Value::Array(self.history_view(history)));
+        view.insert(
+            "history".into(),
+            Value::Array(self.history_view(&life, history_count)),
+        );
         Ok(Some(Value::Object(view)))
     }
 
-    fn plan_view(&self, p: &HashMap<String, String>) -> Value {
+    fn plan_view(&self, kind: PlanKind, p: &HashMap<String, String>) -> Value {
         let mut out = Map::new();
         let text = |k: &str| p.get(k).cloned().map(Value::String).unwrap_or(Value::Null);
         let num = |k: &str| {
@@ -534,7 +530,7 @@ impl Store {
                 .map(Value::from)
                 .unwrap_or(Value::Null)
         };
-        out.insert("kind".into(), text("kind"));
+        out.insert("kind".into(), Value::String(kind.as_str().into()));
         out.insert("state".into(), text("state"));
         out.insert("fire_at".into(), text("fire_at"));
         out.insert("fire_at_ms".into(), num("fire_at_ms"));
@@ -556,7 +552,9 @@ impl Store {
             "next_attempt_at_ms".into(),
             next.map(Value::from).unwrap_or(Value::Null),
         );
-        if let Some(owner) = p.get("lease_owner") {
+        if let (Some("Preset" | "Running"), Some(owner)) =
+            (p.get("state").map(String::as_str), p.get("lease_owner"))
+        {
             out.insert("held_by".into(), Value::String(owner.clone()));
         }
         out.insert(
@@ -568,41 +566,30 @@ impl Store {
         Value::Object(out)
     }
 
-    fn history_view(&self, history: RedisValue) -> Vec<Value> {
-        let RedisValue::Array(entries) = history else {
-            return Vec::new();
-        };
-        entries
-            .into_iter()
-            .filter_map(|entry| {
-                let RedisValue::Array(mut parts) = entry else {
-                    return None;
-                };
-                if parts.len() != 2 {
-                    return None;
-                }
-                let fields = value_to_strings(parts.pop()?);
-                let id = value_to_string(parts.pop()?);
-                let mut out = Map::new();
-                out.insert("id".into(), Value::String(id));
-                for pair in fields.chunks(2) {
-                    if let [name, value] = pair {
-                        let v = match name.as_str() {
-                            "should_run_at" | "started_at" => {
-                                let ms: i64 = value.parse().unwrap_or(0);
-                                out.insert(format!("{name}_ms"), Value::from(ms));
-                                Value::String(self.fmt(ms))
-                            }
-                            "duration_ms" | "status" | "attempt" => value
-                                .parse::<i64>()
-                                .map(Value::from)
-                                .unwrap_or(Value::String(value.clone())),
-                            _ => Value::String(value.clone()),
-                        };
-                        out.insert(name.clone(), v);
+    /// The run records kept in the Life hash (`run:{plan}:{attempt}`), newest first, with
+    /// RFC 3339 times next to the epoch ms.
+    fn history_view(&self, life: &HashMap<String, String>, count: usize) -> Vec<Value> {
+        let mut runs: Vec<Map<String, Value>> = life
+            .iter()
+            .filter(|(field, _)| field.starts_with("run:"))
+            .filter_map(|(_, record)| match serde_json::from_str(record) {
+                Ok(Value::Object(map)) => Some(map),
+                _ => None,
+            })
+            .collect();
+        let started =
+            |r: &Map<String, Value>| r.get("started_at").and_then(Value::as_i64).unwrap_or(0);
+        runs.sort_by_key(|r| std::cmp::Reverse(started(r)));
+        runs.truncate(count);
+        runs.into_iter()
+            .map(|mut run| {
+                for name in ["should_run_at", "started_at"] {
+                    if let Some(ms) = run.get(name).and_then(Value::as_i64) {
+                        run.insert(format!("{name}_ms"), Value::from(ms));
+                        run.insert(name.into(), Value::String(self.fmt(ms)));
                     }
                 }
-                Some(Value::Object(out))
+                Value::Object(run)
             })
             .collect()
     }
@@ -674,10 +661,15 @@ impl Store {
                 break;
             }
             let fetched = members.len();
+            let uuid_of = |member: &str| {
+                member
+                    .split_once(':')
+                    .map(|(_, u)| u.to_string())
+                    .unwrap_or_default()
+            };
             let mut pipe = redis::pipe();
             for member in &members {
-                let uuid = member.split_once(':').map(|(_, u)| u).unwrap_or(member);
-                pipe.hgetall(self.keys.life(uuid));
+                pipe.hgetall(self.keys.life(&uuid_of(member)));
             }
             let lives: Vec<HashMap<String, String>> = pipe.query_async(&mut conn).await?;
             for (member, life) in members.into_iter().zip(lives) {
@@ -692,7 +684,7 @@ impl Store {
                         continue;
                     }
                 }
-                page.push(Value::Object(life_summary(&life)));
+                page.push(Value::Object(life_summary(&uuid_of(&member), &life)));
                 if page.len() == filter.limit {
                     break;
                 }
@@ -744,126 +736,115 @@ impl Store {
             .collect())
     }
 
-    /// Fencing check and Preset -> Running (see `scripts/start_run.lua`).
-    #[allow(clippy::too_many_arguments)]
-    pub async fn start_run(
+    /// Fencing check and Preset -> Running for a batch (see `scripts/start_run.lua`).
+    /// `plans` pairs each Plan with the expiry of its resource lock.
+    pub async fn start_runs(
         &self,
         host: &str,
-        plan: &Claimed,
-        uuid: &str,
-        kind: PlanKind,
+        plans: &[(&Claimed, u64)],
         now_ms: i64,
-        lock_ttl_ms: u64,
         birth_delay_limit_ms: i64,
-    ) -> redis::RedisResult<StartOutcome> {
+    ) -> redis::RedisResult<Vec<StartOutcome>> {
         let k = &self.keys;
         let mut conn = self.conn.clone();
-        let reply: Vec<String> = self
-            .scripts
-            .start_run
-            .key(k.plan(&plan.plan_id))
-            .key(k.life(uuid))
-            .key(
-                plan.resource_id
-                    .as_deref()
-                    .map(|r| k.lock(r))
-                    .unwrap_or_default(),
-            )
+        let mut invocation = self.scripts.start_run.prepare_invoke();
+        invocation
             .key(k.held(host))
-            .key(k.history(uuid))
-            .key(k.plan_of(uuid, PlanKind::Death))
+            .key(k.runs())
             .arg(&k.prefix)
-            .arg(&plan.plan_id)
             .arg(host)
-            .arg(&plan.claim)
             .arg(now_ms)
-            .arg(lock_ttl_ms)
             .arg(birth_delay_limit_ms)
-            .arg(kind.as_str())
-            .arg(uuid)
-            .arg(self.fmt(now_ms))
-            .invoke_async(&mut conn)
-            .await?;
-        Ok(match reply.first().map(String::as_str) {
-            Some("run") => StartOutcome::Run {
-                attempts: reply.get(1).and_then(|a| a.parse().ok()).unwrap_or(1),
-            },
-            Some("busy") => StartOutcome::Busy,
-            Some("invalidated") => StartOutcome::Invalidated,
-            _ => StartOutcome::Lost,
-        })
+            .arg(self.runs_max_len);
+        for (plan, lock_ttl_ms) in plans {
+            invocation
+                .arg(&plan.plan_id)
+                .arg(&plan.claim)
+                .arg(*lock_ttl_ms);
+        }
+        let reply: Vec<String> = invocation.invoke_async(&mut conn).await?;
+        Ok(reply
+            .iter()
+            .map(|r| match r.as_str() {
+                "busy" => StartOutcome::Busy,
+                "invalidated" => StartOutcome::Invalidated,
+                other => match other.strip_prefix("run:").and_then(|a| a.parse().ok()) {
+                    Some(attempts) => StartOutcome::Run { attempts },
+                    None => StartOutcome::Lost,
+                },
+            })
+            .collect())
     }
 
-    /// Records a run and moves the state machines on (see `scripts/finish_run.lua`).
-    /// Returns false when this host had lost the Plan meanwhile.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn finish_run(
+    /// Records a batch of runs and moves the state machines on (see
+    /// `scripts/finish_run.lua`). Returns per run whether this host still held the Plan.
+    pub async fn finish_runs(
         &self,
         host: &str,
-        plan: &Claimed,
-        uuid: &str,
-        outcome: &RunOutcome,
-        record: &RunRecord,
+        runs: &[FinishedRun],
         now_ms: i64,
         notify_before_ms: i64,
-    ) -> redis::RedisResult<bool> {
+    ) -> redis::RedisResult<Vec<bool>> {
         let k = &self.keys;
-        let (outcome_name, next_ms) = match outcome {
-            RunOutcome::Done => ("done", now_ms),
-            RunOutcome::Retry { next_ms } => ("retry", *next_ms),
-            RunOutcome::Failed => ("failed", now_ms),
-        };
         let mut conn = self.conn.clone();
         let mut invocation = self.scripts.finish_run.prepare_invoke();
         invocation
-            .key(k.plan(&plan.plan_id))
-            .key(k.life(uuid))
             .key(k.held(host))
             .key(k.due())
-            .key(
-                plan.resource_id
-                    .as_deref()
-                    .map(|r| k.lock(r))
-                    .unwrap_or_default(),
-            )
-            .key(k.history(uuid))
-            .key(k.plan_of(uuid, PlanKind::Death))
+            .key(k.runs())
             .arg(&k.prefix)
-            .arg(&plan.plan_id)
             .arg(host)
-            .arg(&plan.claim)
-            .arg(outcome_name)
             .arg(now_ms)
-            .arg(next_ms)
-            .arg(self.fmt(next_ms))
-            .arg(record.plan.as_str())
-            .arg(uuid)
+            .arg(self.fmt(now_ms))
             .arg(notify_before_ms)
-            .arg(record.status.map(|s| s.to_string()).unwrap_or_default())
-            .arg(record.error.clone().unwrap_or_default());
-        invocation
-            .arg("plan")
-            .arg(record.plan.as_str())
-            .arg("attempt")
-            .arg(record.attempt)
-            .arg("should_run_at")
-            .arg(record.should_run_at_ms)
-            .arg("started_at")
-            .arg(record.started_at_ms)
-            .arg("duration_ms")
-            .arg(record.duration_ms)
-            .arg("host")
-            .arg(&record.host)
-            .arg("outcome")
-            .arg(record.outcome);
-        if let Some(status) = record.status {
-            invocation.arg("status").arg(status);
-        }
-        if let Some(error) = &record.error {
-            invocation.arg("error").arg(error);
+            .arg(self.runs_max_len);
+        for run in runs {
+            let (outcome, next_ms) = match run.outcome {
+                RunOutcome::Done => ("done", now_ms),
+                RunOutcome::Retry { next_ms } => ("retry", next_ms),
+                RunOutcome::Failed => ("failed", now_ms),
+            };
+            let r = &run.record;
+            let kind = run
+                .plan
+                .life_and_kind()
+                .map(|(_, k)| k.as_str())
+                .unwrap_or("birth");
+            let mut record = json!({
+                "plan": kind,
+                "attempt": r.attempt,
+                "should_run_at": r.should_run_at_ms,
+                "started_at": r.started_at_ms,
+                "duration_ms": r.duration_ms,
+                "host": host,
+                "outcome": r.outcome,
+            });
+            if let Some(status) = r.status {
+                record["status"] = Value::from(status);
+            }
+            if let Some(error) = &r.error {
+                record["error"] = Value::from(error.as_str());
+            }
+            // The RFC 3339 form is needed only where the script writes a new fire time.
+            let next_rfc = if matches!(run.outcome, RunOutcome::Retry { .. }) {
+                self.fmt(next_ms)
+            } else {
+                String::new()
+            };
+            invocation
+                .arg(&run.plan.plan_id)
+                .arg(&run.plan.claim)
+                .arg(outcome)
+                .arg(next_ms)
+                .arg(next_rfc)
+                .arg(r.status.map(|s| s.to_string()).unwrap_or_default())
+                .arg(r.error.as_deref().unwrap_or(""))
+                .arg(r.attempt)
+                .arg(r.outcome)
+                .arg(record.to_string());
         }
         let reply: Vec<String> = invocation.invoke_async(&mut conn).await?;
-        Ok(reply.first().map(String::as_str) == Some("ok"))
+        Ok(reply.iter().map(|r| r == "ok").collect())
     }
 
     /// Renews this host's lease on every Plan it holds.
@@ -913,6 +894,7 @@ impl Store {
             .sweep
             .key(k.finished())
             .key(k.lives())
+            .key(k.runs())
             .arg(&k.prefix)
             .arg(cutoff_ms)
             .arg(batch)
@@ -947,7 +929,7 @@ fn lex_in_range(member: &str, min: &str, max: &str) -> bool {
 }
 
 /// The fields of a Life common to the list and the detail view.
-fn life_summary(life: &HashMap<String, String>) -> Map<String, Value> {
+fn life_summary(uuid: &str, life: &HashMap<String, String>) -> Map<String, Value> {
     let mut out = Map::new();
     let text = |k: &str| {
         life.get(k)
@@ -961,7 +943,7 @@ fn life_summary(life: &HashMap<String, String>) -> Map<String, Value> {
             .map(Value::from)
             .unwrap_or(Value::Null)
     };
-    out.insert("life_uuid".into(), text("life_uuid"));
+    out.insert("life_uuid".into(), Value::String(uuid.to_string()));
     out.insert("schedule_type".into(), text("schedule_type"));
     out.insert("state".into(), text("state"));
     out.insert("resource_id".into(), text("resource_id"));

@@ -3,7 +3,8 @@
 -- ARGV: 1 prefix, 2 uuid, 3 schedule_type, 4 resource_id ('' = none),
 --       5 birth_ms, 6 birth_rfc, 7 death_ms ('' for point), 8 death_rfc,
 --       9 birth action JSON, 10 death action JSON, 11 now_ms, 12 guard_ms,
---       13 notify_before_ms, 14 created_at rfc
+--       13 notify_before_ms, 14 created_at rfc (11 now_ms is unused here but kept
+--       for the argument order shared with patch)
 -- Returns {'ok'} | {'resource_conflict', other_uuid} | {'duplicate'}
 local uuid, rid = ARGV[2], ARGV[4]
 local birth_ms, death_ms = tonumber(ARGV[5]), tonumber(ARGV[7])
@@ -14,10 +15,12 @@ if rid ~= '' then
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {'duplicate'} end
 
-redis.call('HSET', KEYS[1], 'life_uuid', uuid, 'schedule_type', ARGV[3], 'state', 'Inexistent',
-  'birth_at_ms', ARGV[5], 'birth_at', ARGV[6], 'created_at', ARGV[14],
-  'created_at_ms', ARGV[11], 'updated_at_ms', ARGV[11], 'version', 1)
-redis.call('HSET', KEYS[2], 'life_uuid', uuid, 'kind', 'birth', 'state', 'Standby',
+-- The uuid and the Plan kind are in the key names; fields hold only what they do not
+-- say, so that a pending booking stays small (see docs/redis-layout.md). `version` and
+-- `updated_at_ms` appear with the first change.
+redis.call('HSET', KEYS[1], 'schedule_type', ARGV[3], 'state', 'Inexistent',
+  'birth_at_ms', ARGV[5], 'birth_at', ARGV[6], 'created_at', ARGV[14])
+redis.call('HSET', KEYS[2], 'state', 'Standby',
   'fire_at_ms', ARGV[5], 'fire_at', ARGV[6], 'action', ARGV[9], 'attempts', 0)
 if rid ~= '' then
   redis.call('HSET', KEYS[1], 'resource_id', rid)
@@ -27,9 +30,11 @@ end
 if death_ms then
   redis.call('HSET', KEYS[1], 'death_at_ms', ARGV[7], 'death_at', ARGV[8])
   -- The death Plan waits outside the due set until birth is done (finish_run adds it).
-  redis.call('HSET', KEYS[3], 'life_uuid', uuid, 'kind', 'death', 'state', 'Standby',
+  redis.call('HSET', KEYS[3], 'state', 'Standby',
     'fire_at_ms', ARGV[7], 'fire_at', ARGV[8], 'action', ARGV[10], 'attempts', 0)
   if rid ~= '' then redis.call('HSET', KEYS[3], 'resource_id', rid) end
+  -- Tells finish_run that this birth makes the Life Alive rather than Dead.
+  redis.call('HSET', KEYS[2], 'term', 1)
 end
 redis.call('ZADD', KEYS[4], birth_ms, uuid .. ':birth')
 redis.call('ZADD', KEYS[5], 0, lives_member(ARGV[5], uuid))

@@ -7,18 +7,22 @@
 local host = ARGV[2]
 redis.call('ZADD', KEYS[3], ARGV[5], host)
 local items = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[3], 'WITHSCORES', 'LIMIT', 0, tonumber(ARGV[4]))
-local out = {}
+if #items == 0 then return {} end
+local out, taken, held = {}, {}, {}
 for i = 1, #items, 2 do
   local id, fire_ms = items[i], items[i + 1]
-  redis.call('ZREM', KEYS[1], id)
+  taken[#taken + 1] = id
   local pk = plan_key(id)
-  local f = redis.call('HMGET', pk, 'state', 'action', 'attempts', 'resource_id')
+  local f = redis.call('HMGET', pk, 'state', 'action', 'attempts', 'resource_id', 'claims')
   -- A member whose Plan is gone or no longer Standby is stale: dropping it is the fix.
   if f[1] == 'Standby' then
-    local claim = redis.call('HINCRBY', pk, 'claims', 1)
-    redis.call('HSET', pk, 'state', 'Preset', 'lease_owner', host)
-    redis.call('ZADD', KEYS[2], fire_ms, id)
-    out[#out + 1] = {id, fire_ms, tostring(claim), f[2], f[3] or '0', f[4] or ''}
+    local claim = tostring((tonumber(f[5]) or 0) + 1)
+    redis.call('HSET', pk, 'state', 'Preset', 'lease_owner', host, 'claims', claim)
+    held[#held + 1] = fire_ms
+    held[#held + 1] = id
+    out[#out + 1] = {id, fire_ms, claim, f[2], f[3] or '0', f[4] or ''}
   end
 end
+redis.call('ZREM', KEYS[1], unpack(taken))
+if #held > 0 then redis.call('ZADD', KEYS[2], unpack(held)) end
 return out

@@ -26,8 +26,9 @@ local function release_claim(pk, plan_id)
 end
 
 -- Marks a Life finished: it no longer blocks its resource and is swept after retention.
-local function finish_life(lk, uuid, state, now_ms)
-  redis.call('HSET', lk, 'state', state, 'finished_at_ms', now_ms, 'updated_at_ms', now_ms)
+-- Extra field/value pairs (a run record) are written in the same HSET.
+local function finish_life(lk, uuid, state, now_ms, ...)
+  redis.call('HSET', lk, 'state', state, 'finished_at_ms', now_ms, 'updated_at_ms', now_ms, ...)
   redis.call('ZADD', PREFIX .. 'finished', now_ms, uuid)
 end
 

@@ -10,7 +10,7 @@
 -- Returns {'ok'} | {'changed'} | {'not_pending', plan} | {'resource_conflict', other}
 local uuid = ARGV[2]
 local life = redis.call('HMGET', KEYS[1], 'version', 'state', 'birth_at_ms')
-if life[1] ~= ARGV[3] then return {'changed'} end
+if (life[1] or '0') ~= ARGV[3] then return {'changed'} end
 local birth_changed, death_changed = ARGV[14] == '1', ARGV[15] == '1'
 local resource_changed = ARGV[16] == '1'
 local bstate = redis.call('HGET', KEYS[2], 'state')

@@ -1,36 +1,58 @@
--- start_run: Preset -> Running, the fencing point before any action runs. Refuses when
--- this host no longer holds the Plan under the same claim (moved, cancelled, or reclaimed
--- after a lost lease), invalidates a birth missed by more than birth_delay_limit_time,
--- and takes the resource's run lock so that Plans of one resource never run at once.
--- KEYS: 1 plan, 2 life, 3 resource lock ('' when none), 4 held:{host}, 5 history,
---       6 death plan
--- ARGV: 1 prefix, 2 plan_id, 3 host, 4 claim, 5 now_ms, 6 lock ttl ms,
---       7 birth_delay_limit_ms, 8 kind, 9 uuid, 10 now_rfc
--- Returns {'run', attempts} | {'lost'} | {'busy'} | {'invalidated', late_ms}
-local plan_id, host, now_ms = ARGV[2], ARGV[3], tonumber(ARGV[5])
-local f = redis.call('HMGET', KEYS[1], 'state', 'lease_owner', 'claims', 'fire_at_ms')
-if f[1] ~= 'Preset' or f[2] ~= host or f[3] ~= ARGV[4] then return {'lost'} end
-if ARGV[8] == 'birth' then
-  local late = now_ms - tonumber(f[4])
-  if late > tonumber(ARGV[7]) then
+-- start_run: Preset -> Running for a batch of Plans, the fencing point before any action
+-- runs. For each Plan it refuses when this host no longer holds it under the same claim
+-- number (moved, cancelled, or reclaimed after a lost lease), invalidates a birth missed
+-- by more than birth_delay_limit_time, and takes the resource's run lock so that Plans of
+-- one resource never run at once. Keys are derived from PREFIX (one hash slot on a
+-- Cluster when the prefix is a hash tag).
+-- KEYS: 1 held:{host}, 2 runs
+-- ARGV: 1 prefix, 2 host, 3 now_ms, 4 birth_delay_limit_ms, 5 runs stream max length,
+--       then per Plan:
+--       plan_id, claim, lock ttl ms
+-- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'invalidated'
+local host, now_ms, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+local out = {}
+for i = 6, #ARGV, 3 do
+  local plan_id, claim, lock_ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
+  local pk = plan_key(plan_id)
+  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'claims', 'fire_at_ms', 'resource_id', 'attempts')
+  local result
+  if f[1] ~= 'Preset' or f[2] ~= host or f[3] ~= claim then
+    result = 'lost'
+  elseif kind == 'birth' and now_ms - tonumber(f[4]) > limit then
+    local late = now_ms - tonumber(f[4])
     local err = 'birth missed by ' .. late .. ' ms, more than birth_delay_limit_time'
-    redis.call('HSET', KEYS[1], 'state', 'Invalidated', 'last_error', err)
-    redis.call('HDEL', KEYS[1], 'lease_owner')
-    redis.call('ZREM', KEYS[4], plan_id)
-    cancel_plan(ARGV[9] .. ':death')
-    finish_life(KEYS[2], ARGV[9], 'Invalidated', now_ms)
-    redis.call('XADD', KEYS[5], 'MAXLEN', '~', 100, '*', 'plan', 'birth',
-      'should_run_at', f[4], 'started_at', ARGV[5], 'duration_ms', 0, 'host', host,
-      'outcome', 'invalidated', 'error', err)
-    return {'invalidated', tostring(late)}
+    redis.call('HSET', pk, 'state', 'Invalidated', 'last_error', err)
+    redis.call('HDEL', pk, 'lease_owner')
+    redis.call('ZREM', KEYS[1], plan_id)
+    cancel_plan(uuid .. ':death')
+    local record = cjson.encode({plan = 'birth', attempt = (tonumber(f[6]) or 0) + 1,
+      should_run_at = tonumber(f[4]), started_at = now_ms, duration_ms = 0, host = host,
+      outcome = 'invalidated', error = err})
+    finish_life(life_key(uuid), uuid, 'Invalidated', now_ms, 'run:birth:invalidated', record)
+    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'life', uuid, 'plan', 'birth',
+      'outcome', 'invalidated', 'record', record)
+    result = 'invalidated'
+  else
+    local free = true
+    if f[5] then
+      local lock = PREFIX .. 'lock:' .. f[5]
+      if not redis.call('SET', lock, plan_id, 'NX', 'PX', lock_ttl) then
+        if redis.call('GET', lock) == plan_id then
+          redis.call('PEXPIRE', lock, lock_ttl)
+        else
+          free = false
+        end
+      end
+    end
+    if free then
+      local attempts = (tonumber(f[6]) or 0) + 1
+      redis.call('HSET', pk, 'state', 'Running', 'attempts', attempts, 'started_at_ms', ARGV[3])
+      result = 'run:' .. attempts
+    else
+      result = 'busy'
+    end
   end
+  out[#out + 1] = result
 end
-if KEYS[3] ~= '' then
-  if not redis.call('SET', KEYS[3], plan_id, 'NX', 'PX', ARGV[6]) then
-    if redis.call('GET', KEYS[3]) ~= plan_id then return {'busy'} end
-    redis.call('PEXPIRE', KEYS[3], ARGV[6])
-  end
-end
-local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-redis.call('HSET', KEYS[1], 'state', 'Running', 'started_at_ms', ARGV[5])
-return {'run', tostring(attempts)}
+return out

@@ -1,5 +1,6 @@
--- sweep: deletes Lives finished before CUTOFF with their Plans, history and index entries.
--- KEYS: 1 finished, 2 lives
+-- sweep: deletes Lives finished before CUTOFF with their Plans (their history goes with
+-- the Life hash) and index entries, and trims the runs stream to the same retention.
+-- KEYS: 1 finished, 2 lives, 3 runs
 -- ARGV: 1 prefix, 2 cutoff ms, 3 batch
 -- Returns the number of Lives deleted.
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
@@ -8,8 +9,8 @@ for _, uuid in ipairs(ids) do
   local f = redis.call('HMGET', lk, 'birth_at_ms', 'resource_id')
   if f[1] then redis.call('ZREM', KEYS[2], lives_member(f[1], uuid)) end
   if f[2] then redis.call('ZREM', PREFIX .. 'resource:' .. f[2], uuid) end
-  redis.call('DEL', lk, plan_key(uuid .. ':birth'), plan_key(uuid .. ':death'),
-    PREFIX .. 'history:' .. uuid)
+  redis.call('DEL', lk, plan_key(uuid .. ':birth'), plan_key(uuid .. ':death'))
   redis.call('ZREM', KEYS[1], uuid)
 end
+redis.call('XTRIM', KEYS[3], 'MINID', '~', ARGV[2])
 return #ids
