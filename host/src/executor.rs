@@ -63,15 +63,15 @@ pub(crate) const START_BATCH: usize = 256;
 /// Most runs one `finish_run` call records.
 const FINISH_BATCH: usize = 256;
 
-/// A run waiting for its outcome to be written, with the worker slot it holds.
+/// A run waiting for its outcome to be written.
 pub(crate) struct Finished {
     run: FinishedRun,
-    _slot: OwnedSemaphorePermit,
 }
 
 impl Engine {
     /// Fences a batch of fired Plans in one `start_run` call and spawns the runs that may
-    /// go; each holds its worker slot until its outcome is recorded.
+    /// go. A run holds its worker slot while its action runs (the slots bound concurrency
+    /// towards targets); recording the outcome happens after, in the finisher's batches.
     pub(crate) async fn start_batch(
         self: &Arc<Self>,
         batch: Vec<(Claimed, OwnedSemaphorePermit)>,
@@ -129,9 +129,10 @@ impl Engine {
                     self.running.fetch_add(1, Ordering::AcqRel);
                     tokio::spawn(async move {
                         let run = engine.run_one(plan, action, attempts).await;
+                        drop(slot);
                         // The finisher outlives every run (it ends when the last sender
                         // drops), so this send only fails if the engine is gone.
-                        let _ = finished.send(Finished { run, _slot: slot });
+                        let _ = finished.send(Finished { run });
                     });
                 }
                 StartOutcome::Busy => self.schedule(plan, now_ms + RESOURCE_BUSY_RETRY_MS),

@@ -43,7 +43,8 @@ pub struct Engine {
     pub host_id: String,
     pub(crate) webhook: WebhookAgent,
     claim_wakeup: Notify,
-    timer: Mutex<BTreeMap<(i64, u64), Claimed>>,
+    /// Boxed so that the B-tree shifts 8-byte pointers, not whole Plans, as entries come and go.
+    timer: Mutex<BTreeMap<(i64, u64), Box<Claimed>>>,
     timer_wakeup: Notify,
     sequence: AtomicU64,
     /// Plans this host holds in memory: in the timer, in the queue or running.
@@ -122,7 +123,7 @@ impl Engine {
         let seq = self.sequence.fetch_add(1, Ordering::Relaxed);
         let mut timer = self.timer.lock().expect("timer lock");
         let earliest = timer.first_key_value().map(|(k, _)| k.0);
-        timer.insert((at_ms, seq), plan);
+        timer.insert((at_ms, seq), Box::new(plan));
         drop(timer);
         if earliest.is_none_or(|e| at_ms < e) {
             self.timer_wakeup.notify_one();
@@ -267,7 +268,7 @@ impl Engine {
             if entry.key().0 > now_ms {
                 break;
             }
-            due.push(entry.remove());
+            due.push(*entry.remove());
         }
         due
     }
