@@ -11,8 +11,9 @@ use crate::scheduler::{until_shutdown, Engine, ShutdownSignal};
 
 /// Lives deleted by one sweep call.
 const SWEEP_BATCH: usize = 500;
-/// How often finished Lives are swept.
-const SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// Longest pause between two sweeps of finished Lives; a short retention sweeps more
+/// often (a quarter of it, at least every second).
+const SWEEP_EVERY_MAX: Duration = Duration::from_secs(60);
 /// Longest pause between two looks for expired leases.
 const SUPERVISE_EVERY_MAX: Duration = Duration::from_secs(5);
 
@@ -34,15 +35,16 @@ impl Engine {
 
     pub(crate) async fn supervisor(self: Arc<Self>, mut shutdown: ShutdownSignal) {
         let every = (self.config.lease_ttl / 3).min(SUPERVISE_EVERY_MAX);
-        let mut last_sweep = tokio::time::Instant::now() - SWEEP_EVERY;
+        let sweep_every = (self.config.history_retention / 4).clamp(Duration::from_secs(1), SWEEP_EVERY_MAX);
+        let mut last_sweep = tokio::time::Instant::now() - sweep_every;
         loop {
             self.reclaim_expired().await;
-            if last_sweep.elapsed() >= SWEEP_EVERY {
+            if last_sweep.elapsed() >= sweep_every {
                 last_sweep = tokio::time::Instant::now();
                 self.sweep_finished().await;
             }
             tokio::select! {
-                _ = tokio::time::sleep(every) => {}
+                _ = tokio::time::sleep(every.min(sweep_every)) => {}
                 _ = until_shutdown(&mut shutdown) => return,
             }
         }
