@@ -127,6 +127,10 @@ impl Engine {
                     let engine = self.clone();
                     let finished = finished.clone();
                     self.running.fetch_add(1, Ordering::AcqRel);
+                    self.in_flight
+                        .lock()
+                        .expect("in-flight lock")
+                        .insert(plan.plan_id.clone());
                     tokio::spawn(async move {
                         let run = engine.run_one(plan, action, attempts).await;
                         drop(slot);
@@ -217,6 +221,11 @@ impl Engine {
                 }
             }
             self.record_batch(&batch).await;
+            let mut in_flight = self.in_flight.lock().expect("in-flight lock");
+            for finished in &batch {
+                in_flight.remove(&finished.run.plan.plan_id);
+            }
+            drop(in_flight);
             for _ in &batch {
                 self.running.fetch_sub(1, Ordering::AcqRel);
                 self.forget();
@@ -252,7 +261,7 @@ impl Engine {
                     pause = (pause * 2).min(Duration::from_secs(1));
                 }
                 Err(e) => {
-                    tracing::error!(error = %e, runs = runs.len(), "gave up recording finished runs; the Plans will run again after their lease expires");
+                    tracing::error!(error = %e, runs = runs.len(), "gave up recording finished runs; the self-audit hands these Plans back and they run again");
                     return;
                 }
             }

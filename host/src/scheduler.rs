@@ -17,7 +17,7 @@
 //! Redis, member of `held:{host}`) until `finish_run` or a hand-back releases it, so a
 //! crash at any point leaves it to the supervisor of another host.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -51,6 +51,8 @@ pub struct Engine {
     pub(crate) in_memory: AtomicUsize,
     /// Runs under way now, from a successful start until their outcome is recorded.
     pub(crate) running: AtomicUsize,
+    /// Ids of those runs: the self-audit must never hand back a Plan that is running.
+    pub(crate) in_flight: Mutex<HashSet<String>>,
     /// Set when a claim pass stopped because of back-pressure; the next finished run
     /// wakes the claimer.
     starved: AtomicBool,
@@ -94,6 +96,7 @@ impl Engine {
             sequence: AtomicU64::new(0),
             in_memory: AtomicUsize::new(0),
             running: AtomicUsize::new(0),
+            in_flight: Mutex::new(HashSet::new()),
             starved: AtomicBool::new(false),
             queue_tx,
             queue_rx: Mutex::new(Some(queue_rx)),

@@ -35,10 +35,12 @@ impl Engine {
 
     pub(crate) async fn supervisor(self: Arc<Self>, mut shutdown: ShutdownSignal) {
         let every = (self.config.lease_ttl / 3).min(SUPERVISE_EVERY_MAX);
-        let sweep_every = (self.config.history_retention / 4).clamp(Duration::from_secs(1), SWEEP_EVERY_MAX);
+        let sweep_every =
+            (self.config.history_retention / 4).clamp(Duration::from_secs(1), SWEEP_EVERY_MAX);
         let mut last_sweep = tokio::time::Instant::now() - sweep_every;
         loop {
             self.reclaim_expired().await;
+            self.audit_held().await;
             if last_sweep.elapsed() >= sweep_every {
                 last_sweep = tokio::time::Instant::now();
                 self.sweep_finished().await;
@@ -89,6 +91,49 @@ impl Engine {
                 }
             }
             tracing::warn!(host = %host, plans = total, "host lease expired; its Plans are back in the due set");
+        }
+    }
+
+    /// Hands back Plans this host holds in Redis that are long past due and not running
+    /// here: their claim or start reply was lost, or their outcome could not be recorded,
+    /// so nothing in memory would ever fire or finish them, and a live host's lease never
+    /// expires. "Long" is twice the lease plus the request timeout, beyond any delay a
+    /// held Plan meets in a healthy host; a stale timer entry of a Plan handed back fails
+    /// its fence at start, so this never runs a Plan twice at once.
+    async fn audit_held(&self) {
+        let now_ms = self.clock.now_ms();
+        let cutoff = now_ms - 2 * self.lease_ms() - self.config.request_timeout.as_millis() as i64;
+        let stale = match self
+            .store
+            .held_due_before(&self.host_id, cutoff, 1000)
+            .await
+        {
+            Ok(ids) => ids,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot audit held Plans");
+                return;
+            }
+        };
+        let orphans: Vec<String> = {
+            let in_flight = self.in_flight.lock().expect("in-flight lock");
+            stale
+                .into_iter()
+                .filter(|id| !in_flight.contains(id))
+                .collect()
+        };
+        if orphans.is_empty() {
+            return;
+        }
+        match self
+            .store
+            .release(&self.host_id, &orphans, self.notify_before_ms())
+            .await
+        {
+            Ok(moved) => tracing::warn!(
+                plans = moved,
+                "handed back held Plans long past due that this host no longer tracked"
+            ),
+            Err(e) => tracing::warn!(error = %e, "cannot hand back orphaned Plans"),
         }
     }
 

@@ -103,6 +103,7 @@ struct Scripts {
     start_run: Script,
     finish_run: Script,
     reclaim: Script,
+    release: Script,
     sweep: Script,
 }
 
@@ -120,6 +121,7 @@ impl Scripts {
             start_run: script(include_str!("scripts/start_run.lua")),
             finish_run: script(include_str!("scripts/finish_run.lua")),
             reclaim: script(include_str!("scripts/reclaim.lua")),
+            release: script(include_str!("scripts/release.lua")),
             sweep: script(include_str!("scripts/sweep.lua")),
         }
     }
@@ -884,6 +886,46 @@ impl Store {
             .arg(notify_before_ms)
             .invoke_async(&mut conn)
             .await
+    }
+
+    /// Plans `host` holds with a fire time before `before_ms` (at most `limit`).
+    pub async fn held_due_before(
+        &self,
+        host: &str,
+        before_ms: i64,
+        limit: usize,
+    ) -> redis::RedisResult<Vec<String>> {
+        let mut conn = self.conn.clone();
+        redis::cmd("ZRANGEBYSCORE")
+            .arg(self.keys.held(host))
+            .arg("-inf")
+            .arg(before_ms)
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit)
+            .query_async(&mut conn)
+            .await
+    }
+
+    /// Hands named Plans held by `host` back to the due set; returns how many moved.
+    pub async fn release(
+        &self,
+        host: &str,
+        plan_ids: &[String],
+        notify_before_ms: i64,
+    ) -> redis::RedisResult<i64> {
+        let k = &self.keys;
+        let mut conn = self.conn.clone();
+        let mut invocation = self.scripts.release.prepare_invoke();
+        invocation
+            .key(k.held(host))
+            .arg(&k.prefix)
+            .arg(host)
+            .arg(notify_before_ms);
+        for id in plan_ids {
+            invocation.arg(id);
+        }
+        invocation.invoke_async(&mut conn).await
     }
 
     /// Deletes up to `batch` Lives finished before `cutoff_ms`; returns how many.

@@ -63,3 +63,23 @@ local function notify_if_soon(fire_ms, notify_before_ms)
     redis.call('PUBLISH', PREFIX .. 'notify', fire_ms)
   end
 end
+
+-- Puts a Plan this host holds (Preset or Running under HOST) back into the due set at its
+-- own fire time; returns 1 if it moved, 0 if it was not held by HOST any more. The caller
+-- removes it from held:{host}.
+local function hand_back(plan_id, host, notify_before_ms)
+  local pk = plan_key(plan_id)
+  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'fire_at_ms')
+  if (f[1] == 'Preset' or f[1] == 'Running') and f[2] == host then
+    if f[1] == 'Running' then
+      redis.call('HSET', pk, 'state', 'Standby', 'last_error',
+        'host ' .. host .. ' stopped while running this Plan; it runs again')
+    else
+      redis.call('HSET', pk, 'state', 'Standby')
+    end
+    redis.call('ZADD', PREFIX .. 'due', f[3], plan_id)
+    notify_if_soon(f[3], notify_before_ms)
+    return 1
+  end
+  return 0
+end

@@ -15,20 +15,9 @@ end
 local ids = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 local moved = 0
 for _, id in ipairs(ids) do
-  local pk = plan_key(id)
-  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'fire_at_ms')
-  if (f[1] == 'Preset' or f[1] == 'Running') and f[2] == host then
-    redis.call('HSET', pk, 'state', 'Standby')
-    redis.call('HDEL', pk, 'lease_owner')
-    if f[1] == 'Running' then
-      redis.call('HSET', pk, 'last_error', 'host ' .. host .. ' stopped while running this Plan; it runs again')
-    end
-    redis.call('ZADD', KEYS[3], f[3], id)
-    notify_if_soon(f[3], ARGV[5])
-    moved = moved + 1
-  end
-  redis.call('ZREM', KEYS[2], id)
+  moved = moved + hand_back(id, host, ARGV[5])
 end
+if #ids > 0 then redis.call('ZREM', KEYS[2], unpack(ids)) end
 local left = redis.call('ZCARD', KEYS[2])
 if left == 0 then redis.call('ZREM', KEYS[1], host) end
 return {moved, left}

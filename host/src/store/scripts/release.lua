@@ -1,0 +1,12 @@
+-- release: a live host hands back named Plans it holds but no longer tracks in memory
+-- (a claim or start whose reply was lost, an outcome it could not record). Safe against
+-- a stale timer entry of the same Plan: a later start_run fails its fence.
+-- KEYS: 1 held:{host}
+-- ARGV: 1 prefix, 2 host, 3 notify_before_ms, 4.. plan ids
+-- Returns the number of Plans moved back to the due set.
+local moved = 0
+for i = 4, #ARGV do
+  moved = moved + hand_back(ARGV[i], ARGV[2], ARGV[3])
+end
+if #ARGV >= 4 then redis.call('ZREM', KEYS[1], unpack(ARGV, 4)) end
+return moved
