@@ -103,7 +103,8 @@ pub struct ServeArgs {
     /// [default: 500,502,503,504,599].
     #[arg(long, env = "KAIROS_EXECUTION_RETRY_CODES")]
     pub execution_retry_codes: Option<String>,
-    /// Number of concurrent action runs on this host [default: 64].
+    /// Most actions this host runs at once (each slot covers one outbound call)
+    /// [default: 256].
     #[arg(long, env = "KAIROS_WORKERS")]
     pub workers: Option<String>,
     /// Most Plans this host holds claimed in memory at once [default: 100000].
@@ -471,7 +472,7 @@ impl Config {
                 256usize,
             )?,
             execution_retry_codes,
-            workers: r.number("workers", &args.workers, 64usize)?,
+            workers: r.number("workers", &args.workers, 256usize)?,
             max_claimed: r.number("max_claimed", &args.max_claimed, 100_000usize)?,
             lease_ttl: r.duration("lease_ttl", &args.lease_ttl, MS, Duration::from_secs(30))?,
             api_tokens,
