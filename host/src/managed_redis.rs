@@ -57,6 +57,9 @@ fn spawn(data_dir: &Path, socket: &Path) -> anyhow::Result<Child> {
         .arg(data_dir)
         .arg("--appendonly")
         .arg("yes")
+        // everysec: Redis write()s the AOF before it answers, so a crash of redis-server
+        // (or of kairos) loses nothing acknowledged; only an OS crash or power loss can
+        // lose up to the last second. `always` would fsync on every event-loop turn.
         .arg("--appendfsync")
         .arg("everysec")
         .arg("--save")

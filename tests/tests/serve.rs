@@ -174,3 +174,76 @@ async fn env_vars_and_the_config_file_configure_the_host() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("minimum_life_term"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn its_own_redis_is_restarted_after_a_crash_and_loses_nothing() {
+    let data = TempDir::new("managed-crash");
+    let data_dir = data.0.join("data");
+    let socket = data_dir.join("redis.sock");
+    let serve = Serve::start(
+        &[
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+            "--gateway-url",
+            "http://127.0.0.1:9",
+        ],
+        &[],
+    );
+    let api = serve.api();
+    for i in 0..20 {
+        let (status, _) = api
+            .post("/schedules", &json!({"life_uuid": format!("c{i}"), "birth_time": "2030-01-01 00:00:00", "birth": {"path": "/x", "method": "POST"}}))
+            .await;
+        assert_eq!(status, 200);
+    }
+    // SIGKILL the redis-server that kairos runs.
+    let pids = Command::new("pgrep")
+        .args(["-f", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let pid = String::from_utf8_lossy(&pids.stdout)
+        .lines()
+        .next()
+        .expect("managed redis-server runs")
+        .to_string();
+    Command::new("kill").args(["-9", &pid]).status().unwrap();
+    // kairos notices, restarts it on the same files, and goes on serving.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, _) = api.get("/schedules/c19").await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "kairos did not recover from its redis-server crashing"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let restarted = Command::new("pgrep")
+        .args(["-f", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let new_pid = String::from_utf8_lossy(&restarted.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_string();
+    assert!(
+        !new_pid.is_empty() && new_pid != pid,
+        "a new redis-server serves the data directory"
+    );
+    for i in 0..20 {
+        assert_eq!(
+            api.get(&format!("/schedules/c{i}")).await.0,
+            200,
+            "booking c{i} lost in the crash"
+        );
+    }
+    let (status, _) = api
+        .post("/schedules", &json!({"birth_time": "2030-01-01 00:00:00", "birth": {"path": "/x", "method": "POST"}}))
+        .await;
+    assert_eq!(status, 200, "booking works again");
+    serve.stop();
+    assert!(!redis_on_socket_answers(&socket));
+}
