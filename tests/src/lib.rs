@@ -633,3 +633,61 @@ impl Sink {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------
+// Booking bodies and views shared by the end-to-end tests
+// ---------------------------------------------------------------------------------------
+
+/// A webhook to the gateway's `/hook`, tagged so the sink can tell calls apart.
+pub fn hook(tag: &str) -> Value {
+    serde_json::json!({"path": "/hook", "method": "POST", "body": {"tag": tag}})
+}
+
+pub fn point(uuid: &str, at_ms: i64, birth: Value) -> Value {
+    serde_json::json!({
+        "life_uuid": uuid,
+        "schedule_type": "point",
+        "birth_time": rfc3339_ms(at_ms),
+        "birth": birth,
+    })
+}
+
+pub fn term(uuid: &str, birth_ms: i64, death_ms: i64, birth: Value, death: Value) -> Value {
+    serde_json::json!({
+        "life_uuid": uuid,
+        "schedule_type": "term",
+        "birth_time": rfc3339_ms(birth_ms),
+        "death_time": rfc3339_ms(death_ms),
+        "birth": birth,
+        "death": death,
+    })
+}
+
+/// Books `body`; the host must acknowledge it with 200.
+pub async fn book(api: &Api, body: &Value) {
+    let (status, reply) = api.post("/schedules", body).await;
+    assert_eq!(status, 200, "booking refused: {reply:#}\nbody: {body:#}");
+}
+
+/// `fast_flags()` with the sink as gateway, plus `extra` overrides.
+pub fn flags(sink: &Sink, extra: &[(&str, &str)]) -> Vec<String> {
+    let gateway = sink.base_url();
+    let mut all = vec![("--gateway-url", gateway.as_str())];
+    all.extend_from_slice(extra);
+    flags_with(fast_flags(), &all)
+}
+
+pub fn state(life: &Value) -> &str {
+    life["state"].as_str().unwrap_or("")
+}
+
+pub fn plan<'a>(life: &'a Value, kind: &str) -> &'a Value {
+    life["plans"]
+        .as_array()
+        .and_then(|plans| plans.iter().find(|p| p["kind"] == kind))
+        .unwrap_or_else(|| panic!("Life has no {kind} Plan: {life:#}"))
+}
+
+pub fn history(life: &Value) -> Vec<Value> {
+    life["history"].as_array().cloned().unwrap_or_default()
+}

@@ -12,60 +12,6 @@ use serde_json::{json, Value};
 // Helpers
 // ---------------------------------------------------------------------------------------
 
-/// A webhook to the gateway's `/hook`, tagged so the sink can tell calls apart.
-fn hook(tag: &str) -> Value {
-    json!({"path": "/hook", "method": "POST", "body": {"tag": tag}})
-}
-
-fn point(uuid: &str, at_ms: i64, birth: Value) -> Value {
-    json!({
-        "life_uuid": uuid,
-        "schedule_type": "point",
-        "birth_time": rfc3339_ms(at_ms),
-        "birth": birth,
-    })
-}
-
-fn term(uuid: &str, birth_ms: i64, death_ms: i64, birth: Value, death: Value) -> Value {
-    json!({
-        "life_uuid": uuid,
-        "schedule_type": "term",
-        "birth_time": rfc3339_ms(birth_ms),
-        "death_time": rfc3339_ms(death_ms),
-        "birth": birth,
-        "death": death,
-    })
-}
-
-/// Books `body`; the host must acknowledge it with 200.
-async fn book(api: &Api, body: &Value) {
-    let (status, reply) = api.post("/schedules", body).await;
-    assert_eq!(status, 200, "booking refused: {reply:#}\nbody: {body:#}");
-}
-
-/// `fast_flags()` with the sink as gateway, plus `extra` overrides.
-fn flags(sink: &Sink, extra: &[(&str, &str)]) -> Vec<String> {
-    let gateway = sink.base_url();
-    let mut all = vec![("--gateway-url", gateway.as_str())];
-    all.extend_from_slice(extra);
-    flags_with(fast_flags(), &all)
-}
-
-fn state(life: &Value) -> &str {
-    life["state"].as_str().unwrap_or("")
-}
-
-fn plan<'a>(life: &'a Value, kind: &str) -> &'a Value {
-    life["plans"]
-        .as_array()
-        .and_then(|plans| plans.iter().find(|p| p["kind"] == kind))
-        .unwrap_or_else(|| panic!("Life has no {kind} Plan: {life:#}"))
-}
-
-fn history(life: &Value) -> Vec<Value> {
-    life["history"].as_array().cloned().unwrap_or_default()
-}
-
 /// Waits until every Life in `ids` is in `wanted`; returns their views by id.
 async fn wait_all(
     api: &Api,
