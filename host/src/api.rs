@@ -9,10 +9,10 @@ use std::sync::Arc;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, HeaderMap, Method, StatusCode, Uri};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
@@ -66,6 +66,7 @@ pub fn router(app: Shared) -> Router {
                 .patch(patch_schedule)
                 .delete(cancel_schedule),
         )
+        .route("/defer/{*path}", any(defer_request))
         .route("/readyz", get(readyz))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
@@ -318,6 +319,106 @@ async fn cancel_schedule(
             "the birth action is running now and cannot be cancelled; use ?force=true to end the Life once it returns",
         )),
     }
+}
+
+/// Headers of a deferred request that are not replayed: hop-by-hop headers (RFC 9110
+/// section 7.6.1), what the replay sets itself, credentials meant for kairos, and the
+/// scheduling headers.
+const NOT_REPLAYED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "authorization",
+    "cookie",
+    "x-kairos-schedule-datetime",
+    "x-xaas-schedule-datetime",
+];
+
+/// `{any method} /defer/{path}` with `X-Kairos-Schedule-Datetime` (or
+/// `X-Xaas-Schedule-Datetime`): books a point Life whose birth replays this request —
+/// method, headers, body — to `{gateway_url}/{path}` at that time. Same validation codes
+/// as `POST /schedules`; answers 202.
+async fn defer_request(
+    State(app): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    let when = headers
+        .get("x-kairos-schedule-datetime")
+        .or_else(|| headers.get("x-xaas-schedule-datetime"))
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "missing_field",
+                "a deferred request needs the X-Kairos-Schedule-Datetime header",
+            )
+        })?
+        .to_str()
+        .map_err(|_| {
+            ApiError::bad_request("invalid_time", "X-Kairos-Schedule-Datetime is not text")
+        })?;
+    if app.config.gateway_url.is_none() {
+        return Err(ApiError::bad_request(
+            "no_gateway",
+            "deferred requests replay to gateway_url, which is not configured",
+        ));
+    }
+    let body_text = String::from_utf8(body.to_vec()).map_err(|_| {
+        ApiError::bad_request("invalid_body", "a deferred request body must be UTF-8 text")
+    })?;
+    let path = uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/")
+        .strip_prefix("/defer")
+        .unwrap_or("/")
+        .to_string();
+    let replayed: std::collections::BTreeMap<String, String> = headers
+        .iter()
+        .filter(|(name, _)| !NOT_REPLAYED.contains(&name.as_str()))
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
+        })
+        .collect();
+    let now_ms = app.clock.now_ms();
+    let action = crate::model::Action::Webhook(crate::model::WebhookAction {
+        path: Some(path),
+        url: None,
+        method: method.as_str().to_string(),
+        headers: replayed,
+        body: (!body_text.is_empty()).then_some(Value::String(body_text)),
+        connect_timeout_ms: None,
+        request_timeout_ms: None,
+        retry_count: 0,
+        retry_interval_ms: 0,
+    });
+    let life = booking::point_life(when, action, &app.rules(now_ms))?;
+    app.store
+        .book(
+            &life,
+            now_ms,
+            app.delay_guard_ms(),
+            app.notify_before_ms(now_ms),
+        )
+        .await?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({
+            "life_uuid": life.life_uuid,
+            "birth_time": store::rfc3339(life.birth_at_ms, app.config.timezone),
+            "birth_time_ms": life.birth_at_ms,
+        })),
+    ))
 }
 
 async fn healthz() -> Json<Value> {

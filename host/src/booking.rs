@@ -305,6 +305,39 @@ pub fn new_life_uuid() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// A point Life with a fresh id, firing `action` at `time` (either time format), checked
+/// against the execution guard. For bookings made by the host itself (`/defer`).
+pub fn point_life(time: &str, action: Action, rules: &Rules) -> Result<NewLife, ApiError> {
+    let birth_at_ms = parse_time(time, rules.timezone)
+        .map_err(|e| bad("invalid_time", format!("schedule time: {e}")))?
+        .timestamp_millis();
+    check_guard("the schedule time", birth_at_ms, rules)?;
+    Ok(NewLife {
+        life_uuid: new_life_uuid(),
+        schedule_type: ScheduleType::Point,
+        resource_id: None,
+        birth_at_ms,
+        death_at_ms: None,
+        birth_action: action,
+        death_action: None,
+    })
+}
+
+/// 406 when `at_ms` is not more than execution_guard_time after now.
+fn check_guard(name: &str, at_ms: i64, rules: &Rules) -> Result<(), ApiError> {
+    if at_ms <= rules.now_ms + rules.execution_guard_ms {
+        return Err(ApiError::new(
+            axum::http::StatusCode::NOT_ACCEPTABLE,
+            "too_soon",
+            format!(
+                "{name} must be more than execution_guard_time ({} s) from now",
+                rules.execution_guard_ms as f64 / 1000.0
+            ),
+        ));
+    }
+    Ok(())
+}
+
 impl BookingRequest {
     fn birth_time(&self) -> Option<&String> {
         self.term

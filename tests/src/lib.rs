@@ -433,6 +433,7 @@ pub struct Received {
     pub at_ms: i64,
     pub method: String,
     pub path: String,
+    pub query: Option<String>,
     pub headers: HashMap<String, String>,
     pub body: Bytes,
 }
@@ -483,6 +484,7 @@ async fn sink_handler(
         at_ms,
         method: method.to_string(),
         path: uri.path().to_string(),
+        query: uri.query().map(str::to_string),
         headers: headers
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or("").to_string()))
