@@ -256,6 +256,10 @@ async fn patch_schedule(
         let Some((current, version, state)) = app.store.load_booking(&life_uuid).await? else {
             return Err(ApiError::not_found(format!("no Life `{life_uuid}`")));
         };
+        // The table's order: the body's own checks (400, 406) before conflicts (409).
+        let now_ms = app.clock.now_ms();
+        let request: BookingRequest = booking::parse_request(&body)?;
+        let merged = request.merge_into(&current, &app.rules(now_ms))?;
         if state
             .parse::<crate::model::LifeState>()
             .map(|s| s.is_finished())
@@ -266,9 +270,6 @@ async fn patch_schedule(
                 format!("Life `{life_uuid}` is {state}; a finished Life cannot change"),
             ));
         }
-        let now_ms = app.clock.now_ms();
-        let request: BookingRequest = booking::parse_request(&body)?;
-        let merged = request.merge_into(&current, &app.rules(now_ms))?;
         if app
             .store
             .patch(
@@ -316,7 +317,7 @@ async fn cancel_schedule(
         )),
         CancelOutcome::Running => Err(ApiError::conflict(
             "plan_running",
-            "the birth action is running now and cannot be cancelled; use ?force=true to end the Life once it returns",
+            "an action of this Life is running now and cannot be stopped; try again once it returns",
         )),
     }
 }

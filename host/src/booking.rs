@@ -131,22 +131,16 @@ pub fn parse_time(text: &str, tz: Tz) -> Result<DateTime<Utc>, String> {
     }
 }
 
-/// Reads a duration given as seconds (fractions allowed) or a string such as `500ms`.
+/// Longest duration an action field accepts: anything longer is a mistake, and bounding
+/// it keeps every sum of times and lock expiries in range.
+const MAX_ACTION_DURATION_SECS: u64 = 86_400;
+
+/// Reads a duration given as seconds (fractions allowed) or a string such as `500ms`;
+/// at most a day.
 fn parse_seconds(field: &str, value: &Value) -> Result<u64, ApiError> {
-    let duration = match value {
-        Value::Number(n) => match n.as_f64() {
-            Some(secs) if secs.is_finite() && secs >= 0.0 => {
-                std::time::Duration::from_secs_f64(secs)
-            }
-            _ => {
-                return Err(bad(
-                    "invalid_duration",
-                    format!("{field} must be zero or more seconds"),
-                ))
-            }
-        },
-        Value::String(s) => crate::config::parse_duration(s, std::time::Duration::from_secs(1))
-            .map_err(|e| bad("invalid_duration", format!("{field}: {e}")))?,
+    let text = match value {
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
         _ => {
             return Err(bad(
                 "invalid_duration",
@@ -154,6 +148,16 @@ fn parse_seconds(field: &str, value: &Value) -> Result<u64, ApiError> {
             ))
         }
     };
+    let duration = crate::config::parse_duration(&text, std::time::Duration::from_secs(1))
+        .map_err(|e| bad("invalid_duration", format!("{field}: {e}")))?;
+    if duration.as_secs() > MAX_ACTION_DURATION_SECS
+        || (duration.as_secs() == MAX_ACTION_DURATION_SECS && duration.subsec_nanos() > 0)
+    {
+        return Err(bad(
+            "invalid_duration",
+            format!("{field} must be at most {MAX_ACTION_DURATION_SECS} seconds (one day)"),
+        ));
+    }
     Ok(duration.as_millis() as u64)
 }
 
@@ -494,23 +498,15 @@ impl BookingRequest {
                 (Some(death_at_ms), Some(death_action))
             }
         };
-        let guard = rules.now_ms + rules.execution_guard_ms;
-        for (name, at) in [
-            ("birth_time", Some(birth_at_ms)),
-            ("death_time", death_at_ms),
-        ] {
-            if let Some(at) = at {
-                if at <= guard {
-                    return Err(ApiError::new(
-                        axum::http::StatusCode::NOT_ACCEPTABLE,
-                        "too_soon",
-                        format!(
-                            "{name} must be more than execution_guard_time ({} s) from now",
-                            rules.execution_guard_ms as f64 / 1000.0
-                        ),
-                    ));
-                }
-            }
+        // A PATCH is checked against the guard only for the times it moves: the birth of
+        // an Alive Life is in the past and stays there when its death is moved.
+        let birth_moved = current.is_none_or(|c| c.birth_at_ms != birth_at_ms);
+        let death_moved = current.is_none_or(|c| c.death_at_ms != death_at_ms);
+        if birth_moved {
+            check_guard("birth_time", birth_at_ms, rules)?;
+        }
+        if let (true, Some(death_at_ms)) = (death_moved, death_at_ms) {
+            check_guard("death_time", death_at_ms, rules)?;
         }
         Ok(NewLife {
             life_uuid,
@@ -642,6 +638,23 @@ mod tests {
     }
 
     #[test]
+    fn durations_over_a_day_are_refused() {
+        for value in [json!(1e20), json!(86_401), json!("25h"), json!(1e16)] {
+            let err = book(
+                json!({"birth_time": "2026-12-15 15:05:00", "birth": {"path": "/t", "method": "GET", "request_timeout": value}}),
+                NOW,
+            )
+            .unwrap_err();
+            assert_eq!(err.code, "invalid_duration", "{value}");
+        }
+        assert!(book(
+            json!({"birth_time": "2026-12-15 15:05:00", "birth": {"path": "/t", "method": "GET", "retry_interval": 86_400}}),
+            NOW
+        )
+        .is_ok());
+    }
+
+    #[test]
     fn patch_merges_then_revalidates() {
         let action = json!({"path": "/t", "method": "POST"});
         let current = book(
@@ -664,5 +677,30 @@ mod tests {
             .merge_into(&current, &rules(NOW))
             .unwrap_err();
         assert_eq!(err.code, "term_too_short");
+        // Moving only the death of a Life whose birth has passed is not refused for the
+        // birth's time; moving a time into the guard still is.
+        let later = current.death_at_ms.unwrap() + 3_600_000;
+        let moved = parse_request(
+            format!(
+                r#"{{"death_time": "{}"}}"#,
+                chrono::DateTime::from_timestamp_millis(later)
+                    .unwrap()
+                    .to_rfc3339()
+            )
+            .as_bytes(),
+        )
+        .unwrap()
+        .merge_into(&current, &rules(current.birth_at_ms + 1))
+        .unwrap();
+        assert_eq!(moved.death_at_ms, Some(later));
+        let soon_ms = current.birth_at_ms + 200_000;
+        let soon = chrono::DateTime::from_timestamp_millis(soon_ms)
+            .unwrap()
+            .to_rfc3339();
+        let err = parse_request(format!(r#"{{"death_time": "{soon}"}}"#).as_bytes())
+            .unwrap()
+            .merge_into(&current, &rules(soon_ms - 100))
+            .unwrap_err();
+        assert_eq!(err.code, "too_soon");
     }
 }

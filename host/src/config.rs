@@ -294,7 +294,8 @@ pub fn parse_duration(text: &str, unit: Duration) -> Result<Duration, String> {
         if !number.is_finite() || number < 0.0 {
             return Err(format!("`{text}` is not a duration of zero or more"));
         }
-        return Ok(unit.mul_f64(number));
+        return Duration::try_from_secs_f64(unit.as_secs_f64() * number)
+            .map_err(|_| format!("`{text}` is too long a duration"));
     }
     humantime::parse_duration(text)
         .map_err(|e| format!("`{text}` is not a duration (a number or e.g. 500ms, 30s, 3m): {e}"))
@@ -639,6 +640,7 @@ mod tests {
         assert_eq!(parse_duration("3m", MS).unwrap(), Duration::from_secs(180));
         assert!(parse_duration("soon", MS).is_err());
         assert!(parse_duration("-1", MS).is_err());
+        assert!(parse_duration("1e30", SECOND).is_err());
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub fn decide(
         if retryable && attempts <= action.retry_count() {
             return (
                 RunOutcome::Retry {
-                    next_ms: now_ms + action.retry_interval_ms() as i64,
+                    next_ms: now_ms.saturating_add(action.retry_interval_ms() as i64),
                 },
                 "retry",
             );
@@ -50,7 +50,7 @@ pub fn decide(
     if kind == PlanKind::Death {
         return (
             RunOutcome::Retry {
-                next_ms: now_ms + death_retry_interval_ms,
+                next_ms: now_ms.saturating_add(death_retry_interval_ms),
             },
             "retry",
         );
@@ -94,10 +94,12 @@ impl Engine {
                     _ => None,
                 }
                 .unwrap_or(self.config.request_timeout);
-                (
-                    plan,
-                    (self.config.lease_ttl + request_timeout).as_millis() as u64,
-                )
+                // Validation bounds action timeouts to a day; the clamp keeps the lock's
+                // expiry a valid PX for Redis whatever is stored.
+                let lock_ttl_ms = (self.config.lease_ttl + request_timeout)
+                    .as_millis()
+                    .min(2 * 86_400_000) as u64;
+                (plan, lock_ttl_ms)
             })
             .collect();
         let outcomes = self

@@ -99,7 +99,9 @@ impl Engine {
     /// so nothing in memory would ever fire or finish them, and a live host's lease never
     /// expires. "Long" is twice the lease plus the request timeout, beyond any delay a
     /// held Plan meets in a healthy host; a stale timer entry of a Plan handed back fails
-    /// its fence at start, so this never runs a Plan twice at once.
+    /// its fence at start, and a Running Plan moves only if it started before that cutoff
+    /// (a run that began after the in-flight set was read stays), so this never runs a
+    /// Plan twice at once.
     async fn audit_held(&self) {
         let now_ms = self.clock.now_ms();
         let cutoff = now_ms - 2 * self.lease_ms() - self.config.request_timeout.as_millis() as i64;
@@ -126,7 +128,7 @@ impl Engine {
         }
         match self
             .store
-            .release(&self.host_id, &orphans, self.notify_before_ms())
+            .release(&self.host_id, &orphans, self.notify_before_ms(), cutoff)
             .await
         {
             Ok(moved) => tracing::warn!(

@@ -382,11 +382,22 @@ async fn routes_book_list_show_patch_and_cancel() {
         code(&api.delete("/schedules/l1").await),
         (409, "life_finished")
     );
+    // The table's order holds for PATCH too: the body's own errors (400) come first.
     assert_eq!(
         code(
             &api.patch(
                 "/schedules/l1",
                 &json!({"birth_time": "2030-02-01 00:00:00"})
+            )
+            .await
+        ),
+        (400, "birth_not_before_death")
+    );
+    assert_eq!(
+        code(
+            &api.patch(
+                "/schedules/l1",
+                &json!({"birth_time": "2030-01-03 00:30:00"})
             )
             .await
         ),

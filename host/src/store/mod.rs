@@ -441,6 +441,10 @@ impl Store {
         match reply.first().map(String::as_str) {
             Some("ok") => Ok(true),
             Some("changed") => Ok(false),
+            Some("cancelled") => Err(ApiError::conflict(
+                "life_cancelled",
+                "this Life was cancelled (DELETE) and its death runs now; it cannot change",
+            )),
             Some("not_pending") => Err(ApiError::conflict(
                 "plan_not_pending",
                 format!(
@@ -907,12 +911,14 @@ impl Store {
             .await
     }
 
-    /// Hands named Plans held by `host` back to the due set; returns how many moved.
+    /// Hands named Plans held by `host` back to the due set (a Running one only if it
+    /// started before `running_before_ms`); returns how many moved.
     pub async fn release(
         &self,
         host: &str,
         plan_ids: &[String],
         notify_before_ms: i64,
+        running_before_ms: i64,
     ) -> redis::RedisResult<i64> {
         let k = &self.keys;
         let mut conn = self.conn.clone();
@@ -921,7 +927,8 @@ impl Store {
             .key(k.held(host))
             .arg(&k.prefix)
             .arg(host)
-            .arg(notify_before_ms);
+            .arg(notify_before_ms)
+            .arg(running_before_ms);
         for id in plan_ids {
             invocation.arg(id);
         }

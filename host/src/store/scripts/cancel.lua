@@ -1,7 +1,8 @@
 -- cancel: DELETE /schedules/{id}.
 -- Before birth: the Life becomes Stillbirth and nothing runs. Alive: the death Plan is
 -- moved to now (it runs at once). With force: every pending Plan is cancelled and the
--- Life ends without running anything more (Stillbirth before birth, Dead after).
+-- Life ends without running anything more (Stillbirth before birth, Dead after) — unless
+-- a Plan is running: then 'running' (409), try again when it returns.
 -- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due
 -- ARGV: 1 prefix, 2 uuid, 3 now_ms, 4 now_rfc, 5 force (1/0), 6 notify_before_ms
 -- Returns {'ok', new_state} | {'missing'} | {'finished', state} | {'running'}
@@ -13,8 +14,11 @@ if state == 'Dead' or state == 'Stillbirth' or state == 'Invalidated' then
   return {'finished', state}
 end
 local bstate = redis.call('HGET', KEYS[2], 'state')
+-- Invariant: a Life is never finished while one of its Plans runs, so that a run in
+-- progress can always move its own Life on. Force therefore never touches a Running
+-- Plan either.
 if state == 'Inexistent' then
-  if bstate == 'Running' and not force then
+  if bstate == 'Running' then
     if stype == 'term' then
       -- The birth is under way: let it finish, then run the death at once (finish_run).
       redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'updated_at_ms', now_ms)
@@ -28,17 +32,21 @@ if state == 'Inexistent' then
   return {'ok', 'Stillbirth'}
 end
 -- Alive
+local dstate = redis.call('HGET', KEYS[3], 'state')
+if dstate == 'Running' then
+  if force then return {'running'} end
+  -- The death is under way already; a failure retries it as usual.
+  redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'updated_at_ms', now_ms)
+  return {'ok', 'Alive'}
+end
 if force then
   cancel_plan(uuid .. ':death')
   finish_life(KEYS[1], uuid, 'Dead', now_ms)
   return {'ok', 'Dead'}
 end
 redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'updated_at_ms', now_ms)
-local dstate = redis.call('HGET', KEYS[3], 'state')
-if dstate == 'Standby' or dstate == 'Preset' then
-  release_claim(KEYS[3], uuid .. ':death')
-  redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', now_ms, 'fire_at', ARGV[4])
-  redis.call('ZADD', KEYS[4], now_ms, uuid .. ':death')
-  notify_if_soon(now_ms, ARGV[6])
-end
+release_claim(KEYS[3], uuid .. ':death')
+redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', now_ms, 'fire_at', ARGV[4])
+redis.call('ZADD', KEYS[4], now_ms, uuid .. ':death')
+notify_if_soon(now_ms, ARGV[6])
 return {'ok', 'Alive'}

@@ -65,11 +65,17 @@ local function notify_if_soon(fire_ms, notify_before_ms)
 end
 
 -- Puts a Plan this host holds (Preset or Running under HOST) back into the due set at its
--- own fire time; returns 1 if it moved, 0 if it was not held by HOST any more. The caller
--- removes it from held:{host}.
-local function hand_back(plan_id, host, notify_before_ms)
+-- own fire time; returns 1 if it moved, 0 if it was not held by HOST any more. A Running
+-- Plan moves only if it started before RUNNING_BEFORE_MS (nil: any), so that a live
+-- host's audit never takes away a run that has just begun. The caller removes moved
+-- Plans from held:{host}.
+local function hand_back(plan_id, host, notify_before_ms, running_before_ms)
   local pk = plan_key(plan_id)
-  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'fire_at_ms')
+  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'fire_at_ms', 'started_at_ms')
+  if f[1] == 'Running' and running_before_ms
+      and tonumber(f[4] or 0) >= tonumber(running_before_ms) then
+    return -1
+  end
   if (f[1] == 'Preset' or f[1] == 'Running') and f[2] == host then
     if f[1] == 'Running' then
       redis.call('HSET', pk, 'state', 'Standby', 'last_error',

@@ -27,18 +27,21 @@ for i = 7, #ARGV, 10 do
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[6], '*', 'life', uuid, 'plan', kind,
     'outcome', word, 'record', record)
   if attempt > RUNS_KEPT then redis.call('HDEL', lk, 'run:' .. kind .. ':' .. (attempt - RUNS_KEPT)) end
-  done_ids[#done_ids + 1] = plan_id
 
   local pk = plan_key(plan_id)
   local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'claims', 'resource_id', 'term', 'last_error')
   if f[4] then
     local lock = PREFIX .. 'lock:' .. f[4]
-    if redis.call('GET', lock) == plan_id then redis.call('DEL', lock) end
+    if redis.call('GET', lock) == plan_id .. '#' .. claim then redis.call('DEL', lock) end
   end
   if f[1] ~= 'Running' or f[2] ~= host or f[3] ~= claim then
-    redis.call('HSET', lk, run_field, record)
+    -- Taken over meanwhile: record the run if the Life is still there (a swept Life
+    -- must not come back as a bare hash), leave everything else to the new holder,
+    -- including this host's held entry if it claimed the Plan again.
+    if redis.call('EXISTS', lk) == 1 then redis.call('HSET', lk, run_field, record) end
     out[#out + 1] = 'lost'
   else
+    done_ids[#done_ids + 1] = plan_id
     -- lease_owner stays as the last host that held the Plan; it only means "holds it
     -- now" while the state is Preset or Running.
     local plan_fields = {}
@@ -48,7 +51,12 @@ for i = 7, #ARGV, 10 do
     elseif f[6] then
       redis.call('HDEL', pk, 'last_error')
     end
-    if outcome == 'retry' then
+    if outcome == 'retry' and kind == 'birth' and redis.call('HGET', lk, 'cancel_requested') == '1' then
+      -- Cancelled while this birth ran and it did not succeed: never start it again.
+      redis.call('HSET', pk, 'state', 'Cancelled', unpack(plan_fields))
+      if f[5] == '1' then cancel_plan(uuid .. ':death') end
+      finish_life(lk, uuid, 'Stillbirth', now_ms, run_field, record)
+    elseif outcome == 'retry' then
       redis.call('HSET', pk, 'state', 'Standby', 'fire_at_ms', next_ms, 'fire_at', next_rfc, unpack(plan_fields))
       redis.call('ZADD', KEYS[2], next_ms, plan_id)
       redis.call('HSET', lk, 'updated_at_ms', now_ms, run_field, record)
@@ -81,5 +89,5 @@ for i = 7, #ARGV, 10 do
     out[#out + 1] = 'ok'
   end
 end
-redis.call('ZREM', KEYS[1], unpack(done_ids))
+if #done_ids > 0 then redis.call('ZREM', KEYS[1], unpack(done_ids)) end
 return out

@@ -7,10 +7,12 @@
 --       9 birth action JSON, 10 death action JSON, 11 now_ms, 12 guard_ms,
 --       13 notify_before_ms, 14 birth changed (1/0), 15 death changed (1/0),
 --       16 resource changed (1/0)
--- Returns {'ok'} | {'changed'} | {'not_pending', plan} | {'resource_conflict', other}
+-- Returns {'ok'} | {'changed'} | {'cancelled'} | {'not_pending', plan} | {'resource_conflict', other}
 local uuid = ARGV[2]
-local life = redis.call('HMGET', KEYS[1], 'version', 'state', 'birth_at_ms')
+local life = redis.call('HMGET', KEYS[1], 'version', 'state', 'birth_at_ms', 'cancel_requested')
 if (life[1] or '0') ~= ARGV[3] then return {'changed'} end
+-- After a DELETE, the Life is on its way out: its death must not be moved back.
+if life[4] == '1' then return {'cancelled'} end
 local birth_changed, death_changed = ARGV[14] == '1', ARGV[15] == '1'
 local resource_changed = ARGV[16] == '1'
 local bstate = redis.call('HGET', KEYS[2], 'state')

@@ -15,7 +15,7 @@ end
 local ids = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[3]) - 1)
 local moved = 0
 for _, id in ipairs(ids) do
-  moved = moved + hand_back(id, host, ARGV[5])
+  moved = moved + hand_back(id, host, ARGV[5], nil)
 end
 if #ids > 0 then redis.call('ZREM', KEYS[2], unpack(ids)) end
 local left = redis.call('ZCARD', KEYS[2])

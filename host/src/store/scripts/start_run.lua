@@ -36,9 +36,11 @@ for i = 6, #ARGV, 3 do
   else
     local free = true
     if f[5] then
-      local lock = PREFIX .. 'lock:' .. f[5]
-      if not redis.call('SET', lock, plan_id, 'NX', 'PX', lock_ttl) then
-        if redis.call('GET', lock) == plan_id then
+      -- The lock names the claim, not only the Plan: a stale run of an earlier claim of
+      -- the same Plan (a stalled host) must neither share it nor release it.
+      local lock, owner = PREFIX .. 'lock:' .. f[5], plan_id .. '#' .. claim
+      if not redis.call('SET', lock, owner, 'NX', 'PX', lock_ttl) then
+        if redis.call('GET', lock) == owner then
           redis.call('PEXPIRE', lock, lock_ttl)
         else
           free = false
