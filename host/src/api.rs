@@ -20,6 +20,7 @@ use crate::booking::{self, BookingRequest, Rules};
 use crate::clock::Clock;
 use crate::config::{Config, Scope};
 use crate::error::ApiError;
+use crate::scheduler::Engine;
 use crate::store::{self, CancelOutcome, ListFilter, Store};
 
 /// What every handler shares.
@@ -27,6 +28,8 @@ pub struct App {
     pub config: Config,
     pub store: Store,
     pub clock: Arc<dyn Clock>,
+    /// This host's engine, for `/metrics`.
+    pub engine: Arc<Engine>,
 }
 
 type Shared = Arc<App>;
@@ -49,6 +52,16 @@ impl App {
         self.config.execution_delay_guard_time.as_millis() as i64
     }
 
+    /// Counts a booking route's answer for `/metrics`.
+    fn count_booking<T>(&self, result: &Result<T, ApiError>) {
+        let counter = match result {
+            Ok(_) => &self.engine.metrics.bookings_accepted,
+            Err(e) if e.status.is_client_error() => &self.engine.metrics.bookings_refused,
+            Err(_) => return,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Bookings due before this are announced to the schedulers at once.
     fn notify_before_ms(&self, now_ms: i64) -> i64 {
         now_ms + self.config.preset_execution_time.as_millis() as i64
@@ -68,6 +81,7 @@ pub fn router(app: Shared) -> Router {
         )
         .route("/defer/{*path}", any(defer_request))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
         // /healthz answers without a token, for load balancers and supervisors.
@@ -160,6 +174,15 @@ fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes
 
 async fn create_schedule(
     State(app): State<Shared>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let result = book_schedule(&app, body).await;
+    app.count_booking(&result);
+    result
+}
+
+async fn book_schedule(
+    app: &App,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body_bytes(body, app.config.max_body_bytes)?;
@@ -354,6 +377,18 @@ async fn defer_request(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let result = defer_booking(&app, method, uri, headers, body).await;
+    app.count_booking(&result);
+    result
+}
+
+async fn defer_booking(
+    app: &App,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
     let body = body_bytes(body, app.config.max_body_bytes)?;
     let when = headers
         .get("x-kairos-schedule-datetime")
@@ -420,6 +455,35 @@ async fn defer_request(
             "birth_time_ms": life.birth_at_ms,
         })),
     ))
+}
+
+/// Prometheus text format: this host's counters, its claimed and running Plans, and the
+/// cluster's due Plans and live hosts read from Redis.
+async fn metrics(State(app): State<Shared>) -> Result<Response, ApiError> {
+    let (due, hosts) = app.store.cluster_stats(app.clock.now_ms()).await?;
+    let text = app.engine.metrics.render(&[
+        (
+            "kairos_claimed_plans",
+            "Plans this host holds in memory (timer, queue, running).",
+            app.engine.claimed() as i64,
+        ),
+        (
+            "kairos_running_plans",
+            "Actions running on this host now.",
+            app.engine.running() as i64,
+        ),
+        (
+            "kairos_due_plans",
+            "Plans waiting in Redis to be claimed (all hosts).",
+            due,
+        ),
+        (
+            "kairos_hosts_alive",
+            "Hosts whose lease is current (all hosts).",
+            hosts,
+        ),
+    ]);
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
 async fn healthz() -> Json<Value> {

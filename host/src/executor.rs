@@ -142,7 +142,12 @@ impl Engine {
                     });
                 }
                 StartOutcome::Busy => self.schedule(plan, now_ms + RESOURCE_BUSY_RETRY_MS),
-                StartOutcome::Lost | StartOutcome::Invalidated => self.forget(),
+                StartOutcome::Invalidated => {
+                    self.metrics
+                        .record_run(PlanKind::Birth, "invalidated", None);
+                    self.forget()
+                }
+                StartOutcome::Lost => self.forget(),
             }
         }
     }
@@ -192,6 +197,8 @@ impl Engine {
             self.config.death_retry_interval.as_millis() as i64,
             finished_at_ms,
         );
+        self.metrics
+            .record_run(kind, word, Some(started_at_ms - plan.fire_at_ms));
         if result.error.is_some() {
             tracing::info!(plan = %plan.plan_id, attempts, outcome = word, error = ?result.error, "run did not succeed");
         }

@@ -12,6 +12,7 @@
 //! - [`actions`]: what a Plan does: the built-in webhook.
 //! - [`outbound`]: which targets actions may reach.
 //! - [`supervisor`]: leases, takeover of crashed hosts' Plans, retention sweep.
+//! - [`metrics`]: counters and the lateness histogram behind `/metrics`.
 //! - [`managed_redis`]: the redis-server `kairos serve` runs when none is configured.
 //! - [`server`]: wires it all together with graceful shutdown.
 
@@ -23,6 +24,7 @@ pub mod config;
 pub mod error;
 pub mod executor;
 pub mod managed_redis;
+pub mod metrics;
 pub mod model;
 pub mod outbound;
 pub mod scheduler;

@@ -29,6 +29,7 @@ use crate::actions::webhook::WebhookAgent;
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::executor::START_BATCH;
+use crate::metrics::Metrics;
 use crate::outbound::OutboundPolicy;
 use crate::store::{Claimed, Store};
 
@@ -42,6 +43,8 @@ pub struct Engine {
     pub clock: Arc<dyn Clock>,
     pub host_id: String,
     pub(crate) webhook: WebhookAgent,
+    /// Counters shared with the API's `/metrics`.
+    pub metrics: Arc<Metrics>,
     claim_wakeup: Notify,
     /// Boxed so that the B-tree shifts 8-byte pointers, not whole Plans, as entries come and go.
     timer: Mutex<BTreeMap<(i64, u64), Box<Claimed>>>,
@@ -72,7 +75,12 @@ pub(crate) async fn until_shutdown(shutdown: &mut ShutdownSignal) {
 }
 
 impl Engine {
-    pub fn new(store: Store, config: Config, clock: Arc<dyn Clock>) -> Arc<Engine> {
+    pub fn new(
+        store: Store,
+        config: Config,
+        clock: Arc<dyn Clock>,
+        metrics: Arc<Metrics>,
+    ) -> Arc<Engine> {
         let (queue_tx, queue_rx) = mpsc::channel(config.timedout_queue_max_size);
         let policy =
             OutboundPolicy::new(config.allowed_hosts.clone(), config.gateway_url.as_deref());
@@ -90,6 +98,7 @@ impl Engine {
             config,
             clock,
             webhook,
+            metrics,
             claim_wakeup: Notify::new(),
             timer: Mutex::new(BTreeMap::new()),
             timer_wakeup: Notify::new(),
@@ -139,6 +148,16 @@ impl Engine {
         if self.starved.swap(false, Ordering::AcqRel) {
             self.claim_wakeup.notify_one();
         }
+    }
+
+    /// Plans this host holds in memory (timer, queue, running).
+    pub fn claimed(&self) -> usize {
+        self.in_memory.load(Ordering::Acquire)
+    }
+
+    /// Runs under way on this host.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::Acquire)
     }
 
     /// Number of Plans waiting in the in-memory timer.

@@ -48,7 +48,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let engine = Engine::new(store.clone(), config.clone(), clock.clone());
+    let metrics = Arc::new(crate::metrics::Metrics::default());
+    let engine = Engine::new(
+        store.clone(),
+        config.clone(),
+        clock.clone(),
+        metrics.clone(),
+    );
     let engine_done = engine.start(shutdown_rx.clone());
 
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -59,6 +65,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         config: config.clone(),
         store,
         clock,
+        engine: engine.clone(),
     });
     let mut api_shutdown = shutdown_rx.clone();
     let server = axum::serve(listener, api::router(app)).with_graceful_shutdown(async move {

@@ -80,6 +80,9 @@ impl Engine {
                 {
                     Ok((moved, left)) => {
                         total += moved;
+                        self.metrics
+                            .plans_reclaimed
+                            .fetch_add(moved.max(0) as u64, std::sync::atomic::Ordering::Relaxed);
                         if left <= 0 {
                             break;
                         }

@@ -892,6 +892,16 @@ impl Store {
             .await
     }
 
+    /// Plans waiting in the due set, and hosts whose lease is current at `now_ms`.
+    pub async fn cluster_stats(&self, now_ms: i64) -> redis::RedisResult<(i64, i64)> {
+        let mut conn = self.conn.clone();
+        redis::pipe()
+            .zcard(self.keys.due())
+            .zcount(self.keys.hosts(), now_ms, "+inf")
+            .query_async(&mut conn)
+            .await
+    }
+
     /// Plans `host` holds with a fire time before `before_ms` (at most `limit`).
     pub async fn held_due_before(
         &self,

@@ -1,0 +1,87 @@
+//! `/metrics`: Prometheus counters of bookings and runs, the lateness histogram, and
+//! gauges read from the host and from Redis.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kairos_e2e::*;
+use serde_json::json;
+
+/// Sample lines of the exposition text, by name with labels.
+async fn scrape(host: &Host) -> HashMap<String, f64> {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Empty<axum::body::Bytes>>();
+    let resp = client
+        .get(host.url("/metrics").parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
+    let body = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    String::from_utf8(body.to_vec())
+        .unwrap()
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (name, value) = l.rsplit_once(' ').unwrap();
+            (name.to_string(), value.parse().unwrap())
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_count_bookings_runs_and_lateness() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+
+    let at = now_ms() + 1_000;
+    book(&api, &point("m1", at, hook("m1"))).await;
+    book(&api, &point("m2", at, hook("m2"))).await;
+    book(&api, &point("m3", at + 50, hook("m3"))).await;
+    book(&api, &point("later", at + 3_600_000, hook("later"))).await;
+    let (status, _) = api.post("/schedules", &json!({"birth": hook("x")})).await;
+    assert_eq!(status, 400);
+    sink.answer(&[200, 200, 404]);
+
+    for id in ["m1", "m2", "m3"] {
+        api.wait_life(id, Duration::from_secs(10), |l| {
+            matches!(state(l), "Dead" | "Stillbirth")
+        })
+        .await;
+    }
+    let m = scrape(&host).await;
+    assert_eq!(m["kairos_bookings_total{result=\"accepted\"}"], 4.0);
+    assert_eq!(m["kairos_bookings_total{result=\"refused\"}"], 1.0);
+    assert_eq!(
+        m["kairos_runs_total{plan=\"birth\",outcome=\"success\"}"],
+        2.0
+    );
+    assert_eq!(
+        m["kairos_runs_total{plan=\"birth\",outcome=\"failed\"}"],
+        1.0
+    );
+    assert_eq!(
+        m["kairos_runs_total{plan=\"death\",outcome=\"success\"}"],
+        0.0
+    );
+    assert_eq!(m["kairos_fire_lateness_seconds_count"], 3.0);
+    assert_eq!(m["kairos_fire_lateness_seconds_bucket{le=\"+Inf\"}"], 3.0);
+    assert!(
+        m["kairos_fire_lateness_seconds_bucket{le=\"1\"}"] >= 3.0,
+        "runs started within 1 s of their time"
+    );
+    assert!(m["kairos_fire_lateness_seconds_sum"] < 3.0);
+    // The far booking waits in Redis (not yet in the 5-minute look-ahead); one host is alive.
+    assert_eq!(m["kairos_due_plans"], 1.0);
+    assert_eq!(m["kairos_hosts_alive"], 1.0);
+    assert_eq!(m["kairos_claimed_plans"], 0.0);
+    assert_eq!(m["kairos_running_plans"], 0.0);
+}
