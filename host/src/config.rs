@@ -143,6 +143,10 @@ pub struct ServeArgs {
     /// Default request timeout of webhook actions (s) [default: 30s].
     #[arg(long, env = "KAIROS_REQUEST_TIMEOUT")]
     pub request_timeout: Option<String>,
+    /// PEM file of extra CA certificates trusted for https:// webhook targets, on top of
+    /// the Mozilla roots compiled in (for targets behind a private CA).
+    #[arg(long, env = "KAIROS_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
     /// Approximate length cap of the `runs` stream of every run [default: 100000].
     #[arg(long, env = "KAIROS_RUNS_STREAM_MAX_LEN")]
     pub runs_stream_max_len: Option<String>,
@@ -204,6 +208,7 @@ pub struct Config {
     pub connect_timeout: Duration,
     pub request_timeout: Duration,
     pub runs_stream_max_len: usize,
+    pub tls_ca_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -284,6 +289,7 @@ const KNOWN_KEYS: &[&str] = &[
     "connect_timeout",
     "request_timeout",
     "runs_stream_max_len",
+    "tls_ca_file",
 ];
 
 /// Parses a duration: a plain number (fractions allowed) in `unit`, or a humantime string
@@ -510,6 +516,10 @@ impl Config {
                 &args.runs_stream_max_len,
                 100_000usize,
             )?,
+            tls_ca_file: args
+                .tls_ca_file
+                .clone()
+                .or_else(|| r.file.get("tls_ca_file").map(PathBuf::from)),
         };
         config.check()?;
         Ok(config)

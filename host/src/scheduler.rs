@@ -80,6 +80,7 @@ impl Engine {
         config: Config,
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
+        tls: rustls::ClientConfig,
     ) -> Arc<Engine> {
         let (queue_tx, queue_rx) = mpsc::channel(config.timedout_queue_max_size);
         let policy =
@@ -91,6 +92,7 @@ impl Engine {
             config.connect_timeout,
             config.request_timeout,
             config.response_body_limit,
+            tls,
         );
         Arc::new(Engine {
             host_id: config.host_id.clone(),

@@ -48,13 +48,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let tls = crate::actions::webhook::tls_config(config.tls_ca_file.as_deref())
+        .map_err(anyhow::Error::msg)?;
     let metrics = Arc::new(crate::metrics::Metrics::default());
-    let engine = Engine::new(
-        store.clone(),
-        config.clone(),
-        clock.clone(),
-        metrics.clone(),
-    );
+    let engine = Engine::new(store.clone(), config.clone(), clock.clone(), metrics, tls);
     let engine_done = engine.start(shutdown_rx.clone());
 
     let listener = tokio::net::TcpListener::bind(config.listen)

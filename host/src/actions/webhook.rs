@@ -13,6 +13,7 @@ use axum::http::{HeaderName, HeaderValue, Method, Request, Uri};
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -48,12 +49,46 @@ impl CallResult {
     }
 }
 
-type HttpClient = Client<HttpConnector, Full<Bytes>>;
+type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// TLS settings for https:// targets: the Mozilla roots compiled in (webpki-roots), plus
+/// the certificates of `extra_ca_file` (PEM) when given; rustls with the ring provider.
+pub fn tls_config(extra_ca_file: Option<&std::path::Path>) -> Result<rustls::ClientConfig, String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let mut roots = rustls::RootCertStore::empty();
+    roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+    if let Some(path) = extra_ca_file {
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| format!("tls_ca_file {}: {e}", path.display()))?;
+        let mut added = 0;
+        for cert in certs {
+            let cert = cert.map_err(|e| format!("tls_ca_file {}: {e}", path.display()))?;
+            roots
+                .add(cert)
+                .map_err(|e| format!("tls_ca_file {}: {e}", path.display()))?;
+            added += 1;
+        }
+        if added == 0 {
+            return Err(format!(
+                "tls_ca_file {}: no PEM certificate in it",
+                path.display()
+            ));
+        }
+    }
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| format!("TLS setup: {e}"))
+    .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+}
 
 /// Sends webhooks. One pool per distinct connect timeout, since hyper's connector holds
 /// the connect timeout; almost every action uses the default and shares one pool.
 pub struct WebhookAgent {
     clients: Mutex<HashMap<u64, HttpClient>>,
+    tls: rustls::ClientConfig,
     gateway_url: Option<String>,
     policy: OutboundPolicy,
     signing_key: Option<Vec<u8>>,
@@ -70,9 +105,11 @@ impl WebhookAgent {
         default_connect_timeout: Duration,
         default_request_timeout: Duration,
         response_body_limit: usize,
+        tls: rustls::ClientConfig,
     ) -> Self {
         WebhookAgent {
             clients: Mutex::new(HashMap::new()),
+            tls,
             gateway_url,
             policy,
             signing_key: signing_key.map(String::into_bytes),
@@ -91,6 +128,12 @@ impl WebhookAgent {
                 let mut connector = HttpConnector::new();
                 connector.set_connect_timeout(Some(connect_timeout));
                 connector.set_nodelay(true);
+                connector.enforce_http(false);
+                let connector = hyper_rustls::HttpsConnectorBuilder::new()
+                    .with_tls_config(self.tls.clone())
+                    .https_or_http()
+                    .enable_http1()
+                    .wrap_connector(connector);
                 Client::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(30))
                     .pool_max_idle_per_host(256)
@@ -122,9 +165,9 @@ impl WebhookAgent {
             Ok(uri) => uri,
             Err(e) => return refused(e),
         };
-        if uri.scheme_str() != Some("http") {
+        if !matches!(uri.scheme_str(), Some("http") | Some("https")) {
             return refused(format!(
-                "{uri}: only http:// targets are supported by this build (TLS is not compiled in)"
+                "{uri}: only http:// and https:// targets can be called"
             ));
         }
         if let Err(denied) = self.policy.check(&uri).await {
