@@ -15,10 +15,12 @@
 //! - [`metrics`]: counters and the lateness histogram behind `/metrics`.
 //! - [`managed_redis`]: the redis-server `kairos serve` runs when none is configured.
 //! - [`server`]: wires it all together with graceful shutdown.
+//! - [`cli`]: `kairos book|ls|show|cancel`, a client of the REST API.
 
 pub mod actions;
 pub mod api;
 pub mod booking;
+pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod error;

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 /// HTTP and Redis requests across tokio's worker threads).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+use kairos::cli::{ClientCommand, Target};
 use kairos::config::{Config, ServeArgs};
 
 #[derive(Parser)]
@@ -19,6 +20,8 @@ struct Cli {
     /// Log format: text or json.
     #[arg(long, env = "KAIROS_LOG_FORMAT", default_value = "text", global = true)]
     log_format: String,
+    #[command(flatten)]
+    target: Target,
     #[command(subcommand)]
     command: Command,
 }
@@ -28,6 +31,8 @@ enum Command {
     /// Run a host: the REST API, the scheduler and the workers. Without --redis-url it
     /// starts a redis-server of its own under --data-dir.
     Serve(ServeArgs),
+    #[command(flatten)]
+    Client(ClientCommand),
 }
 
 fn init_logging(format: &str) {
@@ -52,5 +57,6 @@ async fn main() -> anyhow::Result<()> {
             let config = Config::resolve(&args)?;
             kairos::server::serve(config).await
         }
+        Command::Client(command) => kairos::cli::run(cli.target, command).await,
     }
 }

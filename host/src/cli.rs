@@ -1,0 +1,277 @@
+//! The command-line client: `kairos book|ls|show|cancel` over the REST API of a running
+//! host (SPEC section 9). It prints the API's JSON (or a table for `ls`) and exits 1 with
+//! the API's error message when the host refuses.
+
+use std::io::Read;
+
+use anyhow::{bail, Context};
+use axum::http::{header, Method, Request};
+use bytes::Bytes;
+use clap::{Args, Subcommand};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use serde_json::Value;
+
+/// Where the host is and how to authenticate.
+#[derive(Debug, Clone, Args)]
+pub struct Target {
+    /// Base URL of the kairos API.
+    #[arg(
+        long,
+        env = "KAIROS_SERVER",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    pub server: String,
+    /// Bearer token, when the host requires one.
+    #[arg(long, env = "KAIROS_TOKEN", global = true)]
+    pub token: Option<String>,
+}
+
+/// Client commands.
+#[derive(Debug, Subcommand)]
+pub enum ClientCommand {
+    /// Book a Life: the body of POST /schedules, from --json, a file, or stdin (`-`).
+    Book {
+        /// The booking as JSON text.
+        #[arg(long, conflicts_with = "file")]
+        json: Option<String>,
+        /// A file holding the booking, or `-` for stdin.
+        file: Option<String>,
+    },
+    /// List Lives (GET /schedules).
+    Ls {
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long)]
+        resource_id: Option<String>,
+        /// Lives born at or after this time.
+        #[arg(long)]
+        from: Option<String>,
+        /// Lives born at or before this time.
+        #[arg(long)]
+        to: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Follow next_cursor until every matching Life is listed.
+        #[arg(long)]
+        all: bool,
+        /// Print the API's JSON pages instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show one Life with its Plans and history.
+    Show { life_uuid: String },
+    /// Cancel a Life (DELETE /schedules/{id}).
+    Cancel {
+        life_uuid: String,
+        /// End the Life without running anything more (not while an action runs).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+struct Api {
+    target: Target,
+    client: Client<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+}
+
+impl Api {
+    fn new(target: Target) -> anyhow::Result<Api> {
+        let tls = crate::actions::webhook::tls_config(None).map_err(anyhow::Error::msg)?;
+        let mut http = HttpConnector::new();
+        http.enforce_http(false);
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(http);
+        Ok(Api {
+            target,
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        })
+    }
+
+    /// Sends a request; returns the JSON body of a 2xx, or fails with the API's message.
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> anyhow::Result<Value> {
+        let url = format!("{}{}", self.target.server.trim_end_matches('/'), path);
+        let mut request = Request::builder().method(method).uri(&url);
+        if let Some(token) = &self.target.token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .with_context(|| format!("`{url}` is not a valid URL"))?;
+        let response = self
+            .client
+            .request(request)
+            .await
+            .with_context(|| format!("cannot reach kairos at {}", self.target.server))?;
+        let status = response.status();
+        let bytes = response.into_body().collect().await?.to_bytes();
+        let value: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        if !status.is_success() {
+            let code = value["error"]["code"].as_str().unwrap_or("error");
+            let message = value["error"]["message"].as_str().unwrap_or("no message");
+            bail!("{} {code}: {message}", status.as_u16());
+        }
+        Ok(value)
+    }
+}
+
+fn query(pairs: &[(&str, Option<String>)]) -> String {
+    let encoded: Vec<String> = pairs
+        .iter()
+        .filter_map(|(k, v)| v.as_ref().map(|v| format!("{k}={}", encode(v))))
+        .collect();
+    if encoded.is_empty() {
+        String::new()
+    } else {
+        format!("?{}", encoded.join("&"))
+    }
+}
+
+/// Percent-encodes a query value (RFC 3986 unreserved characters stay).
+fn encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn print_json(value: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
+/// Runs one client command.
+pub async fn run(target: Target, command: ClientCommand) -> anyhow::Result<()> {
+    let api = Api::new(target)?;
+    match command {
+        ClientCommand::Book { json, file } => {
+            let body = match (json, file.as_deref()) {
+                (Some(text), _) => text.into_bytes(),
+                (None, Some("-")) | (None, None) => {
+                    let mut text = Vec::new();
+                    std::io::stdin()
+                        .read_to_end(&mut text)
+                        .context("cannot read stdin")?;
+                    text
+                }
+                (None, Some(path)) => {
+                    std::fs::read(path).with_context(|| format!("cannot read {path}"))?
+                }
+            };
+            print_json(&api.call(Method::POST, "/schedules", Some(body)).await?);
+        }
+        ClientCommand::Ls {
+            state,
+            resource_id,
+            from,
+            to,
+            limit,
+            all,
+            json,
+        } => {
+            let mut cursor: Option<String> = None;
+            if !json {
+                println!(
+                    "{:<34} {:<6} {:<11} {:<25} {:<25} RESOURCE",
+                    "LIFE", "TYPE", "STATE", "BIRTH", "DEATH"
+                );
+            }
+            loop {
+                let path = format!(
+                    "/schedules{}",
+                    query(&[
+                        ("state", state.clone()),
+                        ("resource_id", resource_id.clone()),
+                        ("from", from.clone()),
+                        ("to", to.clone()),
+                        ("limit", Some(limit.to_string())),
+                        ("cursor", cursor.clone()),
+                    ])
+                );
+                let page = api.call(Method::GET, &path, None).await?;
+                if json {
+                    print_json(&page);
+                } else {
+                    for life in page["items"].as_array().into_iter().flatten() {
+                        let text = |k: &str| life[k].as_str().unwrap_or("-").to_string();
+                        println!(
+                            "{:<34} {:<6} {:<11} {:<25} {:<25} {}",
+                            text("life_uuid"),
+                            text("schedule_type"),
+                            text("state"),
+                            text("birth_time"),
+                            text("death_time"),
+                            text("resource_id")
+                        );
+                    }
+                }
+                match page["next_cursor"].as_str() {
+                    Some(next) if all => cursor = Some(next.to_string()),
+                    Some(next) => {
+                        if !json {
+                            eprintln!("(more: --all, or the next page starts after cursor {next})");
+                        }
+                        break;
+                    }
+                    None => break,
+                }
+            }
+        }
+        ClientCommand::Show { life_uuid } => {
+            print_json(
+                &api.call(
+                    Method::GET,
+                    &format!("/schedules/{}", encode(&life_uuid)),
+                    None,
+                )
+                .await?,
+            );
+        }
+        ClientCommand::Cancel { life_uuid, force } => {
+            let path = format!(
+                "/schedules/{}{}",
+                encode(&life_uuid),
+                if force { "?force=true" } else { "" }
+            );
+            print_json(&api.call(Method::DELETE, &path, None).await?);
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_values_are_percent_encoded() {
+        assert_eq!(
+            query(&[
+                ("from", Some("2030-01-01 00:00:00+09:00".into())),
+                ("state", None)
+            ]),
+            "?from=2030-01-01%2000%3A00%3A00%2B09%3A00"
+        );
+        assert_eq!(query(&[("state", None)]), "");
+    }
+}
