@@ -30,7 +30,7 @@ struct Cli {
 enum Command {
     /// Run a host: the REST API, the scheduler and the workers. Without --redis-url it
     /// starts a redis-server of its own under --data-dir.
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     #[command(flatten)]
     Client(ClientCommand),
 }
