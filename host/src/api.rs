@@ -52,6 +52,18 @@ impl App {
         self.config.execution_delay_guard_time.as_millis() as i64
     }
 
+    /// Stores a validated booking (the 409 checks run in the store's script).
+    async fn book(&self, life: &booking::NewLife, now_ms: i64) -> Result<(), ApiError> {
+        self.store
+            .book(
+                life,
+                now_ms,
+                self.delay_guard_ms(),
+                self.notify_before_ms(now_ms),
+            )
+            .await
+    }
+
     /// Counts a booking route's answer for `/metrics`.
     fn count_booking<T>(&self, result: &Result<T, ApiError>) {
         let counter = match result {
@@ -188,14 +200,7 @@ async fn book_schedule(
     let body = body_bytes(body, app.config.max_body_bytes)?;
     let now_ms = app.clock.now_ms();
     let life = booking::parse_request(&body)?.into_new_life(&app.rules(now_ms))?;
-    app.store
-        .book(
-            &life,
-            now_ms,
-            app.delay_guard_ms(),
-            app.notify_before_ms(now_ms),
-        )
-        .await?;
+    app.book(&life, now_ms).await?;
     tracing::debug!(life_uuid = %life.life_uuid, "booked");
     Ok(Json(store::booked_view(&life, app.config.timezone)))
 }
@@ -439,14 +444,7 @@ async fn defer_booking(
         retry_interval_ms: 0,
     });
     let life = booking::point_life(when, action, &app.rules(now_ms))?;
-    app.store
-        .book(
-            &life,
-            now_ms,
-            app.delay_guard_ms(),
-            app.notify_before_ms(now_ms),
-        )
-        .await?;
+    app.book(&life, now_ms).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(json!({

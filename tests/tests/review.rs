@@ -1,6 +1,8 @@
 //! Adversarial review: interleavings of DELETE/PATCH with runs, retries after a cancel,
 //! hostile inputs, sweep racing a run, and the self-audit. Each test names the invariant
-//! it checks; tests marked "GUARD" pass today and pin down a tricky interleaving.
+//! it checks. Most began as failing tests of bugs the review found (now fixed, kept as
+//! regression tests); tests marked "GUARD" pinned down a tricky interleaving that was
+//! already right.
 
 use std::time::{Duration, Instant};
 
@@ -141,7 +143,7 @@ async fn force_delete_during_a_failing_birth_stops_its_retries() {
 }
 
 // ---------------------------------------------------------------------------------------
-// BUG 3. DELETE (no force) while a term's birth runs sets cancel_requested; if that run
+// Regression test (review bug 3, fixed): DELETE (no force) while a term's birth runs sets cancel_requested; if that run
 // asks for a retry, the birth is started again after the cancel was acknowledged.
 // ---------------------------------------------------------------------------------------
 
@@ -253,7 +255,7 @@ async fn force_delete_during_a_failing_death_stops_death_retries() {
 }
 
 // ---------------------------------------------------------------------------------------
-// BUG 5. PATCH of an Alive term's death (a Plan still Standby) is refused with 406,
+// Regression test (review bug 5, fixed): PATCH of an Alive term's death (a Plan still Standby) is refused with 406,
 // because the merged booking re-checks the execution guard on the past birth time.
 // ---------------------------------------------------------------------------------------
 
@@ -293,7 +295,7 @@ async fn patch_moves_the_death_of_an_alive_life() {
 }
 
 // ---------------------------------------------------------------------------------------
-// BUG 6. Hostile input: a webhook request_timeout of 1e16 s on a Plan with a resource
+// Regression test (review bug 6, fixed): Hostile input: a webhook request_timeout of 1e16 s on a Plan with a resource
 // makes start_run's `SET lock PX <ttl>` fail inside the script, so the whole batch errors,
 // is rescheduled, errors again... The booking is accepted (200) and never runs.
 // ---------------------------------------------------------------------------------------
@@ -346,7 +348,7 @@ async fn a_huge_request_timeout_is_refused_or_runs() {
 }
 
 // ---------------------------------------------------------------------------------------
-// BUG 7. The sweep deletes a force-deleted Life while its birth still runs; when the run
+// Regression test (review bug 7, fixed): The sweep deletes a force-deleted Life while its birth still runs; when the run
 // ends, finish_run's 'lost' branch HSETs the run record into `life:{id}` and so creates
 // a zombie Life hash: no state, in no index, never swept again.
 // ---------------------------------------------------------------------------------------
@@ -527,7 +529,7 @@ async fn a_force_delete_refused_during_a_run_keeps_the_life_consistent_after_its
 }
 
 // ---------------------------------------------------------------------------------------
-// BUG 9. Hostile input: retry_interval near i64::MAX ms. executor::decide computes
+// Regression test (review bug 9, fixed): Hostile input: retry_interval near i64::MAX ms. executor::decide computes
 // `now_ms + retry_interval_ms as i64`, which overflows: in a debug build the run task
 // panics, its outcome is never recorded, and the Plan stays Running (in in_flight, so
 // the audit never hands it back) forever; in a release build it wraps negative and the
@@ -569,7 +571,7 @@ async fn a_huge_retry_interval_is_refused_or_honoured() {
 }
 
 // ---------------------------------------------------------------------------------------
-// BUG 10. Hostile input: a duration of 1e20 seconds makes booking::parse_seconds call
+// Regression test (review bug 10, fixed): Hostile input: a duration of 1e20 seconds makes booking::parse_seconds call
 // Duration::from_secs_f64, which panics; the handler task dies and the client gets a
 // dropped connection instead of a 400.
 // ---------------------------------------------------------------------------------------
