@@ -20,7 +20,18 @@ pub struct ManagedRedis {
     pub url: String,
     /// Where its socket, append-only file and log live.
     pub data_dir: PathBuf,
+    /// The supervising task of a server this host started; None for an adopted one.
     stop: Option<(watch::Sender<bool>, tokio::task::JoinHandle<()>)>,
+}
+
+/// Asks the server at `url` to write its append-only file and exit.
+async fn shutdown(url: &str) {
+    if let Ok(client) = redis::Client::open(url) {
+        if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+            // SHUTDOWN closes the connection instead of answering.
+            let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut conn).await;
+        }
+    }
 }
 
 fn redis_server_binary() -> String {
@@ -121,7 +132,7 @@ impl ManagedRedis {
         }
         let url = format!("redis+unix://{}", socket.display());
         if socket.exists() && ping(&url).await {
-            tracing::warn!(socket = %socket.display(), "a redis-server from an earlier run still serves this data directory; using it");
+            tracing::warn!(socket = %socket.display(), "a redis-server from an earlier run still serves this data directory; adopting it (it stops with this host)");
             return Ok(ManagedRedis {
                 url,
                 data_dir,
@@ -146,11 +157,24 @@ impl ManagedRedis {
         })
     }
 
-    /// Asks the server to write its append-only file and exit, and waits for it.
+    /// Asks the server to write its append-only file and exit, and waits for it. An
+    /// adopted server (not this process's child) is stopped the same way, and waited for
+    /// until its socket stops answering.
     pub async fn stop(mut self) {
-        if let Some((stop_tx, task)) = self.stop.take() {
-            let _ = stop_tx.send(true);
-            let _ = task.await;
+        match self.stop.take() {
+            Some((stop_tx, task)) => {
+                let _ = stop_tx.send(true);
+                let _ = task.await;
+            }
+            None => {
+                shutdown(&self.url).await;
+                for _ in 0..100 {
+                    if !ping(&self.url).await {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
         }
     }
 }
@@ -182,12 +206,7 @@ async fn supervise(
                 }
             }
             _ = stop.changed() => {
-                if let Ok(client) = redis::Client::open(url.as_str()) {
-                    if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
-                        // SHUTDOWN closes the connection instead of answering.
-                        let _ = redis::cmd("SHUTDOWN").query_async::<()>(&mut conn).await;
-                    }
-                }
+                shutdown(&url).await;
                 if tokio::time::timeout(Duration::from_secs(10), child.wait()).await.is_err() {
                     let _ = child.kill().await;
                 }

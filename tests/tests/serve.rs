@@ -247,3 +247,53 @@ async fn its_own_redis_is_restarted_after_a_crash_and_loses_nothing() {
     serve.stop();
     assert!(!redis_on_socket_answers(&socket));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_left_running_by_a_killed_host_is_adopted_then_stopped() {
+    let data = TempDir::new("managed-adopt");
+    let data_dir = data.0.join("data");
+    let socket = data_dir.join("redis.sock");
+    let args = [
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--gateway-url",
+        "http://127.0.0.1:9",
+    ];
+    let mut first = Serve::start(&args, &[]);
+    let (status, _) = first
+        .api()
+        .post("/schedules", &json!({"life_uuid": "adopted", "birth_time": "2030-01-01 00:00:00", "birth": {"path": "/x", "method": "POST"}}))
+        .await;
+    assert_eq!(status, 200);
+    // kill -9 of kairos: its redis-server child survives it.
+    let _ = first.child.kill();
+    let _ = first.child.wait();
+    assert!(
+        redis_on_socket_answers(&socket),
+        "the orphaned redis-server keeps serving"
+    );
+    let orphan = Command::new("pgrep")
+        .args(["-f", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let orphan_pid = String::from_utf8_lossy(&orphan.stdout).trim().to_string();
+
+    let second = Serve::start(&args, &[]);
+    let (status, life) = second.api().get("/schedules/adopted").await;
+    assert_eq!(status, 200, "{life}");
+    let again = Command::new("pgrep")
+        .args(["-f", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout).trim(),
+        orphan_pid,
+        "the orphan is adopted, not joined by a second server on the same files"
+    );
+    let log = second.stop();
+    assert!(log.contains("adopting it"), "{log}");
+    assert!(
+        !redis_on_socket_answers(&socket),
+        "the adopted redis-server stops with kairos"
+    );
+}
