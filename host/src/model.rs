@@ -182,11 +182,6 @@ fn is_zero_u64(n: &u64) -> bool {
     *n == 0
 }
 
-/// The id of a Plan inside Redis: `{life_uuid}:{kind}`.
-pub fn plan_id(life_uuid: &str, kind: PlanKind) -> String {
-    format!("{life_uuid}:{}", kind.as_str())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -162,11 +162,6 @@ impl Engine {
         self.running.load(Ordering::Acquire)
     }
 
-    /// Number of Plans waiting in the in-memory timer.
-    pub fn timer_len(&self) -> usize {
-        self.timer.lock().expect("timer lock").len()
-    }
-
     /// Starts every task of the engine. The returned handle completes after a graceful
     /// shutdown: claiming stopped, runs finished (or the grace period passed), and every
     /// Plan still held handed back to Redis.

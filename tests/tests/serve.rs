@@ -58,6 +58,18 @@ impl Drop for Serve {
     }
 }
 
+/// Pids of the processes whose command line names `socket` (the managed redis-server).
+fn redis_pids(socket: &std::path::Path) -> Vec<String> {
+    let out = Command::new("pgrep")
+        .args(["-f", socket.to_str().unwrap()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
 fn redis_on_socket_answers(socket: &std::path::Path) -> bool {
     Command::new("redis-cli")
         .arg("-s")
@@ -197,15 +209,10 @@ async fn its_own_redis_is_restarted_after_a_crash_and_loses_nothing() {
         assert_eq!(status, 200);
     }
     // SIGKILL the redis-server that kairos runs.
-    let pids = Command::new("pgrep")
-        .args(["-f", socket.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let pid = String::from_utf8_lossy(&pids.stdout)
-        .lines()
+    let pid = redis_pids(&socket)
+        .into_iter()
         .next()
-        .expect("managed redis-server runs")
-        .to_string();
+        .expect("managed redis-server runs");
     Command::new("kill").args(["-9", &pid]).status().unwrap();
     // kairos notices, restarts it on the same files, and goes on serving.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -220,15 +227,7 @@ async fn its_own_redis_is_restarted_after_a_crash_and_loses_nothing() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let restarted = Command::new("pgrep")
-        .args(["-f", socket.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let new_pid = String::from_utf8_lossy(&restarted.stdout)
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_string();
+    let new_pid = redis_pids(&socket).into_iter().next().unwrap_or_default();
     assert!(
         !new_pid.is_empty() && new_pid != pid,
         "a new redis-server serves the data directory"
@@ -272,22 +271,14 @@ async fn a_redis_left_running_by_a_killed_host_is_adopted_then_stopped() {
         redis_on_socket_answers(&socket),
         "the orphaned redis-server keeps serving"
     );
-    let orphan = Command::new("pgrep")
-        .args(["-f", socket.to_str().unwrap()])
-        .output()
-        .unwrap();
-    let orphan_pid = String::from_utf8_lossy(&orphan.stdout).trim().to_string();
+    let orphan_pids = redis_pids(&socket);
 
     let second = Serve::start(&args, &[]);
     let (status, life) = second.api().get("/schedules/adopted").await;
     assert_eq!(status, 200, "{life}");
-    let again = Command::new("pgrep")
-        .args(["-f", socket.to_str().unwrap()])
-        .output()
-        .unwrap();
     assert_eq!(
-        String::from_utf8_lossy(&again.stdout).trim(),
-        orphan_pid,
+        redis_pids(&socket),
+        orphan_pids,
         "the orphan is adopted, not joined by a second server on the same files"
     );
     let log = second.stop();

@@ -47,9 +47,6 @@ impl Keys {
     pub fn life(&self, uuid: &str) -> String {
         format!("{}life:{uuid}", self.prefix)
     }
-    pub fn plan(&self, plan_id: &str) -> String {
-        format!("{}plan:{plan_id}", self.prefix)
-    }
     pub fn plan_of(&self, uuid: &str, kind: PlanKind) -> String {
         format!("{}plan:{uuid}:{}", self.prefix, kind.as_str())
     }
@@ -67,9 +64,6 @@ impl Keys {
     }
     pub fn held(&self, host: &str) -> String {
         format!("{}held:{host}", self.prefix)
-    }
-    pub fn lock(&self, resource_id: &str) -> String {
-        format!("{}lock:{resource_id}", self.prefix)
     }
     pub fn runs(&self) -> String {
         format!("{}runs", self.prefix)
@@ -251,15 +245,6 @@ impl Store {
     /// The client, for opening a pub/sub connection.
     pub fn client(&self) -> &redis::Client {
         &self.client
-    }
-
-    /// A handle on the shared connection for one-off commands.
-    pub fn conn(&self) -> ConnectionManager {
-        self.conn.clone()
-    }
-
-    pub fn timezone(&self) -> Tz {
-        self.timezone
     }
 
     pub async fn ping(&self) -> redis::RedisResult<()> {
