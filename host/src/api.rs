@@ -17,11 +17,13 @@ use axum::{Json, Router};
 use serde_json::{json, Value};
 
 use crate::booking::{self, BookingRequest, Rules};
+use crate::bookings::Bookings;
 use crate::clock::Clock;
 use crate::config::{Config, Scope};
 use crate::error::ApiError;
+use crate::plugins::PluginRuntime;
 use crate::scheduler::Engine;
-use crate::store::{self, CancelOutcome, ListFilter, Store};
+use crate::store::{self, ListFilter, Store};
 
 /// What every handler shares.
 pub struct App {
@@ -30,22 +32,16 @@ pub struct App {
     pub clock: Arc<dyn Clock>,
     /// This host's engine, for `/metrics`.
     pub engine: Arc<Engine>,
+    pub bookings: Arc<Bookings>,
+    pub plugins: Arc<PluginRuntime>,
 }
 
-type Shared = Arc<App>;
+pub(crate) type Shared = Arc<App>;
 
 impl App {
+    /// Rules for bookings that name no plugin (`/defer`).
     fn rules(&self, now_ms: i64) -> Rules<'static> {
-        Rules {
-            timezone: self.config.timezone,
-            minimum_life_term_ms: self.config.minimum_life_term.as_millis() as i64,
-            execution_guard_ms: self.config.execution_guard_time.as_millis() as i64,
-            now_ms,
-            gateway_configured: self.config.gateway_url.is_some(),
-            // The plugin registry comes with the plugin platform; until then no plugin
-            // name is known, so a plugin action is refused with 400 unknown_plugin.
-            plugin_exists: &|_| false,
-        }
+        self.bookings.rules(now_ms, &|_| false)
     }
 
     fn delay_guard_ms(&self) -> i64 {
@@ -54,14 +50,7 @@ impl App {
 
     /// Stores a validated booking (the 409 checks run in the store's script).
     async fn book(&self, life: &booking::NewLife, now_ms: i64) -> Result<(), ApiError> {
-        self.store
-            .book(
-                life,
-                now_ms,
-                self.delay_guard_ms(),
-                self.notify_before_ms(now_ms),
-            )
-            .await
+        self.bookings.store(life, now_ms).await
     }
 
     /// Counts a booking route's answer for `/metrics`.
@@ -76,7 +65,7 @@ impl App {
 
     /// Bookings due before this are announced to the schedulers at once.
     fn notify_before_ms(&self, now_ms: i64) -> i64 {
-        now_ms + self.config.preset_execution_time.as_millis() as i64
+        self.bookings.notify_before_ms(now_ms)
     }
 }
 
@@ -92,6 +81,7 @@ pub fn router(app: Shared) -> Router {
                 .delete(cancel_schedule),
         )
         .route("/defer/{*path}", any(defer_request))
+        .merge(crate::plugins::routes::routes(app.config.max_plugin_bytes))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -170,7 +160,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Turns the body extractor's refusal into the spec's error body (413 for a body over
 /// the limit).
-fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
@@ -198,9 +191,7 @@ async fn book_schedule(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let body = body_bytes(body, app.config.max_body_bytes)?;
-    let now_ms = app.clock.now_ms();
-    let life = booking::parse_request(&body)?.into_new_life(&app.rules(now_ms))?;
-    app.book(&life, now_ms).await?;
+    let life = app.bookings.book_json(&body).await?;
     tracing::debug!(life_uuid = %life.life_uuid, "booked");
     Ok(Json(store::booked_view(&life, app.config.timezone)))
 }
@@ -287,7 +278,9 @@ async fn patch_schedule(
         // The table's order: the body's own checks (400, 406) before conflicts (409).
         let now_ms = app.clock.now_ms();
         let request: BookingRequest = booking::parse_request(&body)?;
-        let merged = request.merge_into(&current, &app.rules(now_ms))?;
+        let known = app.bookings.registered_plugins(&request).await?;
+        let exists = |spec: &str| known.contains(spec);
+        let merged = request.merge_into(&current, &app.bookings.rules(now_ms, &exists))?;
         if state
             .parse::<crate::model::LifeState>()
             .map(|s| s.is_finished())
@@ -331,23 +324,8 @@ async fn cancel_schedule(
         query.get("force").map(String::as_str),
         Some("true") | Some("1")
     );
-    let now_ms = app.clock.now_ms();
-    match app
-        .store
-        .cancel(&life_uuid, force, now_ms, app.notify_before_ms(now_ms))
-        .await?
-    {
-        CancelOutcome::Done(state) => Ok(Json(json!({"life_uuid": life_uuid, "state": state}))),
-        CancelOutcome::Missing => Err(ApiError::not_found(format!("no Life `{life_uuid}`"))),
-        CancelOutcome::Finished(state) => Err(ApiError::conflict(
-            "life_finished",
-            format!("Life `{life_uuid}` is already {state}"),
-        )),
-        CancelOutcome::Running => Err(ApiError::conflict(
-            "plan_running",
-            "an action of this Life is running now and cannot be stopped; try again once it returns",
-        )),
-    }
+    let state = app.bookings.cancel(&life_uuid, force).await?;
+    Ok(Json(json!({"life_uuid": life_uuid, "state": state})))
 }
 
 /// Headers of a deferred request that are not replayed: hop-by-hop headers (RFC 9110

@@ -97,6 +97,22 @@ fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
 }
 
 /// Parses a request body as JSON into a [`BookingRequest`].
+impl BookingRequest {
+    /// The plugin specs (`name` or `name@version`) the request's actions name.
+    pub fn plugin_specs(&self) -> Vec<String> {
+        [
+            &self.birth,
+            &self.death,
+            &self.birth_action,
+            &self.death_action,
+        ]
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.get("plugin").and_then(Value::as_str).map(String::from))
+        .collect()
+    }
+}
+
 pub fn parse_request(body: &[u8]) -> Result<BookingRequest, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| bad("invalid_json", format!("the body is not valid JSON: {e}")))?;

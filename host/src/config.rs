@@ -120,7 +120,17 @@ pub struct ServeArgs {
     /// Largest accepted request body in bytes [default: 1048576].
     #[arg(long, env = "KAIROS_MAX_BODY_BYTES")]
     pub max_body_bytes: Option<String>,
-    /// Where a self-managed redis-server keeps its data [default: ./.kairos-data].
+    /// Memory cap of a plugin uploaded without `memory_mb`, in MiB [default: 64].
+    #[arg(long, env = "KAIROS_PLUGIN_MEMORY_MB")]
+    pub plugin_memory_mb: Option<String>,
+    /// Wall-time limit of a plugin run when the upload gives no `timeout` (s) [default: 10s].
+    #[arg(long, env = "KAIROS_PLUGIN_TIMEOUT")]
+    pub plugin_timeout: Option<String>,
+    /// Largest accepted plugin component in bytes [default: 33554432].
+    #[arg(long, env = "KAIROS_MAX_PLUGIN_BYTES")]
+    pub max_plugin_bytes: Option<String>,
+    /// Where a self-managed redis-server keeps its data, and the compiled-plugin cache
+    /// [default: ./.kairos-data].
     #[arg(long, env = "KAIROS_DATA_DIR")]
     pub data_dir: Option<PathBuf>,
     /// Name of this host in leases and history [default: hostname-pid-random].
@@ -200,6 +210,9 @@ pub struct Config {
     pub lease_ttl: Duration,
     pub api_tokens: Vec<ApiToken>,
     pub max_body_bytes: usize,
+    pub plugin_memory_mb: u32,
+    pub plugin_timeout: Duration,
+    pub max_plugin_bytes: usize,
     pub data_dir: PathBuf,
     pub host_id: String,
     pub signing_key: Option<String>,
@@ -281,6 +294,9 @@ const KNOWN_KEYS: &[&str] = &[
     "lease_ttl",
     "api_tokens",
     "max_body_bytes",
+    "plugin_memory_mb",
+    "plugin_timeout",
+    "max_plugin_bytes",
     "data_dir",
     "host_id",
     "signing_key",
@@ -484,6 +500,18 @@ impl Config {
             lease_ttl: r.duration("lease_ttl", &args.lease_ttl, MS, Duration::from_secs(30))?,
             api_tokens,
             max_body_bytes: r.number("max_body_bytes", &args.max_body_bytes, 1usize << 20)?,
+            plugin_memory_mb: r.number("plugin_memory_mb", &args.plugin_memory_mb, 64u32)?,
+            plugin_timeout: r.duration(
+                "plugin_timeout",
+                &args.plugin_timeout,
+                SECOND,
+                Duration::from_secs(10),
+            )?,
+            max_plugin_bytes: r.number(
+                "max_plugin_bytes",
+                &args.max_plugin_bytes,
+                32usize << 20,
+            )?,
             data_dir: args
                 .data_dir
                 .clone()
@@ -579,7 +607,7 @@ fn parse_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
         .collect()
 }
 
-fn parse_allowed_hosts(text: &str) -> Result<Vec<AllowedHost>, ConfigError> {
+pub fn parse_allowed_hosts(text: &str) -> Result<Vec<AllowedHost>, ConfigError> {
     text.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())

@@ -15,6 +15,8 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::actions::webhook::{CallContext, CallResult};
 use crate::model::{Action, PlanKind};
+use crate::plugins::routes::MAX_PLUGIN_TIMEOUT;
+use crate::plugins::{Invocation, InvokeContext};
 use crate::scheduler::Engine;
 use crate::store::{Claimed, FinishedRun, RunOutcome, RunRecord, StartOutcome};
 
@@ -36,7 +38,7 @@ pub fn decide(
     if result.is_success() {
         return (RunOutcome::Done, "success");
     }
-    let retryable = result.status.is_some_and(|s| retry_codes.contains(&s));
+    let retryable = result.retryable || result.status.is_some_and(|s| retry_codes.contains(&s));
     if let Some(action) = action {
         if retryable && attempts <= action.retry_count() {
             return (
@@ -56,6 +58,25 @@ pub fn decide(
         );
     }
     (RunOutcome::Failed, "failed")
+}
+
+/// A plugin invocation as the decision and the history see it.
+fn plugin_result(spec: &str, invocation: Invocation) -> CallResult {
+    match invocation.result {
+        Ok(output) => CallResult {
+            output: Some(
+                serde_json::from_str(&output).unwrap_or(serde_json::Value::String(output)),
+            ),
+            logs: invocation.logs,
+            ..Default::default()
+        },
+        Err(failure) => CallResult {
+            error: Some(failure.message(spec)),
+            retryable: failure.retryable(),
+            logs: invocation.logs,
+            ..Default::default()
+        },
+    }
 }
 
 /// Most Plans one `start_run` call fences.
@@ -91,7 +112,14 @@ impl Engine {
             .map(|((plan, _), action)| {
                 let request_timeout = match action {
                     Ok(Action::Webhook(w)) => w.request_timeout_ms.map(Duration::from_millis),
-                    _ => None,
+                    // A plugin's own timeout is only known once it is resolved; the
+                    // lock covers the longest a plugin may be given.
+                    Ok(Action::Plugin(p)) => Some(
+                        p.timeout_ms
+                            .map(Duration::from_millis)
+                            .unwrap_or(MAX_PLUGIN_TIMEOUT),
+                    ),
+                    Err(_) => None,
                 }
                 .unwrap_or(self.config.request_timeout);
                 // Validation bounds action timeouts to a day; the clamp keeps the lock's
@@ -175,16 +203,25 @@ impl Engine {
                 };
                 self.webhook.call(webhook, &ctx).await
             }
-            Ok(Action::Plugin(p)) => CallResult {
-                status: None,
-                error: Some(format!(
-                    "plugin `{}`: this host has no plugin runtime yet",
-                    p.plugin
-                )),
-            },
+            Ok(Action::Plugin(p)) => {
+                let ctx = InvokeContext {
+                    life_id: uuid.clone(),
+                    plan: kind,
+                    scheduled_at_ms: plan.fire_at_ms,
+                    attempt: attempts,
+                    resource_id: plan.resource_id.clone(),
+                };
+                let input = p.input.to_string();
+                let invocation = self
+                    .plugins
+                    .invoke(&p.plugin, &ctx, &input, p.timeout_ms)
+                    .await;
+                plugin_result(&p.plugin, invocation)
+            }
             Err(e) => CallResult {
                 status: None,
                 error: Some(e.clone()),
+                ..Default::default()
             },
         };
         let finished_at_ms = self.clock.now_ms();
@@ -209,6 +246,8 @@ impl Engine {
             outcome: word,
             status: result.status,
             error: result.error,
+            output: result.output,
+            logs: result.logs,
             attempt: attempts,
         };
         FinishedRun {
@@ -301,6 +340,7 @@ mod tests {
         CallResult {
             status: Some(code),
             error: None,
+            ..Default::default()
         }
     }
 
@@ -333,6 +373,7 @@ mod tests {
         let refused = CallResult {
             status: None,
             error: Some("policy".into()),
+            ..Default::default()
         };
         assert_eq!(d(&refused, 1, PlanKind::Birth), RunOutcome::Failed);
     }

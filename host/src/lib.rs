@@ -9,7 +9,9 @@
 //! - [`store`]: the Redis layout and the Lua scripts through which every change goes.
 //! - [`scheduler`]: claims due Plans into an in-memory timer and fires them.
 //! - [`executor`]: runs one fired Plan and records its outcome.
+//! - [`bookings`]: booking as a service shared by the API and plugins' follow-ups.
 //! - [`actions`]: what a Plan does: the built-in webhook.
+//! - [`plugins`]: WebAssembly action plugins: registry, sandboxed runtime, routes.
 //! - [`outbound`]: which targets actions may reach.
 //! - [`supervisor`]: leases, takeover of crashed hosts' Plans, retention sweep.
 //! - [`metrics`]: counters and the lateness histogram behind `/metrics`.
@@ -20,6 +22,7 @@
 pub mod actions;
 pub mod api;
 pub mod booking;
+pub mod bookings;
 pub mod cli;
 pub mod clock;
 pub mod config;
@@ -29,6 +32,7 @@ pub mod managed_redis;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+pub mod plugins;
 pub mod scheduler;
 pub mod server;
 pub mod store;

@@ -31,6 +31,7 @@ use crate::config::Config;
 use crate::executor::START_BATCH;
 use crate::metrics::Metrics;
 use crate::outbound::OutboundPolicy;
+use crate::plugins::PluginRuntime;
 use crate::store::{Claimed, Store};
 
 /// Most Plans one `claim` call moves.
@@ -43,6 +44,8 @@ pub struct Engine {
     pub clock: Arc<dyn Clock>,
     pub host_id: String,
     pub(crate) webhook: WebhookAgent,
+    /// Runs plugin actions.
+    pub plugins: Arc<PluginRuntime>,
     /// Counters shared with the API's `/metrics`.
     pub metrics: Arc<Metrics>,
     claim_wakeup: Notify,
@@ -81,6 +84,7 @@ impl Engine {
         clock: Arc<dyn Clock>,
         metrics: Arc<Metrics>,
         tls: rustls::ClientConfig,
+        plugins: Arc<PluginRuntime>,
     ) -> Arc<Engine> {
         let (queue_tx, queue_rx) = mpsc::channel(config.timedout_queue_max_size);
         let policy =
@@ -100,6 +104,7 @@ impl Engine {
             config,
             clock,
             webhook,
+            plugins,
             metrics,
             claim_wakeup: Notify::new(),
             timer: Mutex::new(BTreeMap::new()),

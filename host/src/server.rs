@@ -7,9 +7,12 @@ use anyhow::{bail, Context};
 use tokio::sync::watch;
 
 use crate::api::{self, App};
+use crate::bookings::Bookings;
 use crate::clock::{Clock, SystemClock};
 use crate::config::Config;
 use crate::managed_redis::ManagedRedis;
+use crate::outbound::OutboundPolicy;
+use crate::plugins::{PluginRuntime, RuntimeSettings};
 use crate::scheduler::Engine;
 use crate::store::Store;
 
@@ -51,7 +54,37 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let tls = crate::actions::webhook::tls_config(config.tls_ca_file.as_deref())
         .map_err(anyhow::Error::msg)?;
     let metrics = Arc::new(crate::metrics::Metrics::default());
-    let engine = Engine::new(store.clone(), config.clone(), clock.clone(), metrics, tls);
+    let registry = crate::plugins::Registry::new(store.connection(), store.keys.clone());
+    let bookings = Arc::new(Bookings {
+        config: config.clone(),
+        store: store.clone(),
+        clock: clock.clone(),
+        plugins: registry.clone(),
+    });
+    let plugins = PluginRuntime::new(
+        registry,
+        bookings.clone(),
+        RuntimeSettings {
+            instances: config.workers.clamp(1, 10_000) as u32,
+            cache_dir: config.data_dir.join("plugin-cache"),
+            policy: Arc::new(OutboundPolicy::new(
+                config.allowed_hosts.clone(),
+                config.gateway_url.as_deref(),
+            )),
+            client: crate::actions::webhook::pooled_client(tls.clone(), config.connect_timeout),
+            response_limit: config.response_body_limit,
+            request_timeout: config.request_timeout,
+        },
+    )
+    .context("cannot start the plugin runtime")?;
+    let engine = Engine::new(
+        store.clone(),
+        config.clone(),
+        clock.clone(),
+        metrics,
+        tls,
+        plugins.clone(),
+    );
     let engine_done = engine.start(shutdown_rx.clone());
 
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -63,6 +96,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         store,
         clock,
         engine: engine.clone(),
+        bookings,
+        plugins,
     });
     let mut api_shutdown = shutdown_rx.clone();
     let server = axum::serve(listener, api::router(app)).with_graceful_shutdown(async move {

@@ -37,19 +37,51 @@ pub struct CallContext<'a> {
 
 /// How a call ended. `status` is 599 for connect errors and timeouts, None when the call
 /// was refused before any connection (policy, bad URL).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct CallResult {
     pub status: Option<u16>,
     pub error: Option<String>,
+    /// A plugin asked for the run to be retried (its error was `retryable`).
+    pub retryable: bool,
+    /// What a plugin returned, for the Plan's history.
+    pub output: Option<serde_json::Value>,
+    /// A plugin's log lines, for the Plan's history.
+    pub logs: Vec<String>,
 }
 
 impl CallResult {
+    /// A 2xx answer, or a plugin run that returned without an error.
     pub fn is_success(&self) -> bool {
-        matches!(self.status, Some(s) if (200..300).contains(&s))
+        self.error.is_none() && self.status.is_none_or(|s| (200..300).contains(&s))
     }
 }
 
 type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// A keep-alive client for http:// and https:// targets, shared by webhooks and plugins
+/// (SPEC section 7: one outbound path).
+pub fn pooled_client<B>(
+    tls: rustls::ClientConfig,
+    connect_timeout: Duration,
+) -> Client<HttpsConnector<HttpConnector>, B>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+{
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(connect_timeout));
+    connector.set_nodelay(true);
+    connector.enforce_http(false);
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(connector);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(30))
+        .pool_max_idle_per_host(256)
+        .build(connector)
+}
 
 /// TLS settings for https:// targets: the Mozilla roots compiled in (webpki-roots), plus
 /// the certificates of `extra_ca_file` (PEM) when given; rustls with the ring provider.
@@ -124,21 +156,7 @@ impl WebhookAgent {
         let mut clients = self.clients.lock().expect("webhook client map poisoned");
         clients
             .entry(key)
-            .or_insert_with(|| {
-                let mut connector = HttpConnector::new();
-                connector.set_connect_timeout(Some(connect_timeout));
-                connector.set_nodelay(true);
-                connector.enforce_http(false);
-                let connector = hyper_rustls::HttpsConnectorBuilder::new()
-                    .with_tls_config(self.tls.clone())
-                    .https_or_http()
-                    .enable_http1()
-                    .wrap_connector(connector);
-                Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(Duration::from_secs(30))
-                    .pool_max_idle_per_host(256)
-                    .build(connector)
-            })
+            .or_insert_with(|| pooled_client(self.tls.clone(), connect_timeout))
             .clone()
     }
 
@@ -160,6 +178,7 @@ impl WebhookAgent {
         let refused = |error: String| CallResult {
             status: None,
             error: Some(error),
+            ..Default::default()
         };
         let uri = match self.target(action) {
             Ok(uri) => uri,
@@ -254,10 +273,12 @@ impl WebhookAgent {
             Ok(Ok(status)) => CallResult {
                 status: Some(status),
                 error: (!(200..300).contains(&status)).then(|| format!("target answered {status}")),
+                ..Default::default()
             },
             Ok(Err(e)) => CallResult {
                 status: Some(STATUS_CONNECT_ERROR),
                 error: Some(format!("connection failed: {}", error_chain(&e))),
+                ..Default::default()
             },
             Err(_) => CallResult {
                 status: Some(STATUS_CONNECT_ERROR),
@@ -265,6 +286,7 @@ impl WebhookAgent {
                     "no response within {} ms",
                     request_timeout.as_millis()
                 )),
+                ..Default::default()
             },
         }
     }

@@ -74,6 +74,10 @@ impl Keys {
     pub fn notify(&self) -> String {
         format!("{}notify", self.prefix)
     }
+    /// The Lives booked with plugin `name` (any version), for `DELETE /plugins/{name}`.
+    pub fn plugin_lives(&self, name: &str) -> String {
+        format!("{}plugin:{name}:lives", self.prefix)
+    }
 }
 
 /// The member of `lives` for a Life (see the module docs).
@@ -172,6 +176,10 @@ pub struct RunRecord {
     pub status: Option<u16>,
     pub error: Option<String>,
     pub attempt: u32,
+    /// What a plugin returned.
+    pub output: Option<Value>,
+    /// A plugin's log lines.
+    pub logs: Vec<String>,
 }
 
 /// A run whose outcome is to be recorded.
@@ -205,6 +213,20 @@ pub struct ListFilter {
 
 /// The Redis-backed store of Lives and Plans. Cheap to clone: it shares one multiplexed,
 /// self-reconnecting connection.
+/// The plugin names (without `@version`) a booking's actions use.
+fn plugin_names(life: &NewLife) -> Vec<&str> {
+    let mut names: Vec<&str> = [Some(&life.birth_action), life.death_action.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter_map(|a| match a {
+            crate::model::Action::Plugin(p) => Some(p.plugin.split('@').next().unwrap_or("")),
+            crate::model::Action::Webhook(_) => None,
+        })
+        .collect();
+    names.dedup();
+    names
+}
+
 #[derive(Clone)]
 pub struct Store {
     conn: ConnectionManager,
@@ -217,6 +239,11 @@ pub struct Store {
 }
 
 impl Store {
+    /// A handle on the shared connection, for modules that keep keys of their own.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
     /// Connects (and keeps reconnecting) to the Redis at `url`.
     pub async fn connect(url: &str, key_prefix: &str, timezone: Tz) -> redis::RedisResult<Store> {
         let client = redis::Client::open(url)?;
@@ -255,6 +282,11 @@ impl Store {
             .map(|_| ())
     }
 
+    /// Epoch ms as RFC 3339 in the configured zone, as times are stored.
+    pub fn fmt_time(&self, ms: i64) -> String {
+        self.fmt(ms)
+    }
+
     fn fmt(&self, ms: i64) -> String {
         rfc3339(ms, self.timezone)
     }
@@ -278,15 +310,18 @@ impl Store {
             .map(|a| serde_json::to_string(a).expect("actions serialize"))
             .unwrap_or_default();
         let mut conn = self.conn.clone();
-        let reply: Vec<String> = self
-            .scripts
-            .book
+        let mut invocation = self.scripts.book.prepare_invoke();
+        invocation
             .key(k.life(uuid))
             .key(k.plan_of(uuid, PlanKind::Birth))
             .key(k.plan_of(uuid, PlanKind::Death))
             .key(k.due())
             .key(k.lives())
-            .key(k.resource(rid))
+            .key(k.resource(rid));
+        for name in plugin_names(life) {
+            invocation.key(k.plugin_lives(name));
+        }
+        let reply: Vec<String> = invocation
             .arg(&k.prefix)
             .arg(uuid)
             .arg(life.schedule_type.as_str())
@@ -815,6 +850,12 @@ impl Store {
             }
             if let Some(error) = &r.error {
                 record["error"] = Value::from(error.as_str());
+            }
+            if let Some(output) = &r.output {
+                record["output"] = output.clone();
+            }
+            if !r.logs.is_empty() {
+                record["logs"] = json!(r.logs);
             }
             // The RFC 3339 form is needed only where the script writes a new fire time.
             let next_rfc = if matches!(run.outcome, RunOutcome::Retry { .. }) {

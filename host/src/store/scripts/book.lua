@@ -1,5 +1,6 @@
 -- book: creates a Life and its Plans, or nothing.
--- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due, 5 lives, 6 resource index
+-- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due, 5 lives, 6 resource index,
+--       7.. the `plugin:{name}:lives` sets of the plugins the actions use
 -- ARGV: 1 prefix, 2 uuid, 3 schedule_type, 4 resource_id ('' = none),
 --       5 birth_ms, 6 birth_rfc, 7 death_ms ('' for point), 8 death_rfc,
 --       9 birth action JSON, 10 death action JSON, 11 now_ms, 12 guard_ms,
@@ -38,5 +39,6 @@ if death_ms then
 end
 redis.call('ZADD', KEYS[4], birth_ms, uuid .. ':birth')
 redis.call('ZADD', KEYS[5], 0, lives_member(ARGV[5], uuid))
+for i = 7, #KEYS do redis.call('SADD', KEYS[i], uuid) end
 notify_if_soon(ARGV[5], ARGV[13])
 return {'ok'}

@@ -1,0 +1,283 @@
+//! An HTTP client over `wasi:http/outgoing-handler`, the plugin's only way out.
+//!
+//! ```ignore
+//! let r = http::get("https://api.example.com/status")?;
+//! let r = http::post_json("https://hooks.example.com/x", &serde_json::json!({"a": 1}))?;
+//! let r = http::Request::new("PUT", "https://api.example.com/items/7")
+//!     .header("authorization", "Bearer ...")
+//!     .json(&item)
+//!     .send()?;
+//! if r.is_success() { let v: Item = r.json()?; }
+//! ```
+//!
+//! Every request passes the host's outbound policy and the plugin's `allowed_hosts`; a
+//! refused one fails with an [`HttpError`] whose [`HttpError::is_denied`] is true.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::bindings::wasi::http::outgoing_handler;
+use crate::bindings::wasi::http::types::{
+    ErrorCode, Fields, IncomingBody, Method, OutgoingBody, OutgoingRequest, Scheme,
+};
+use crate::bindings::wasi::io::streams::StreamError;
+
+/// Largest chunk handed to the output stream in one write (wasi:io allows 4 KiB).
+const WRITE_CHUNK: usize = 4096;
+/// Most bytes asked of the input stream in one read.
+const READ_CHUNK: u64 = 64 * 1024;
+
+/// Why a request got no response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpError {
+    message: String,
+    denied: bool,
+}
+
+impl HttpError {
+    fn new(message: impl Into<String>) -> Self {
+        HttpError {
+            message: message.into(),
+            denied: false,
+        }
+    }
+
+    fn from_code(url: &str, code: ErrorCode) -> Self {
+        let denied = matches!(code, ErrorCode::HttpRequestDenied);
+        let message = if denied {
+            format!("{url}: the host's outbound policy refused the request")
+        } else {
+            format!("{url}: {code:?}")
+        };
+        HttpError { message, denied }
+    }
+
+    /// True when the host refused the request (the target is not allowed).
+    pub fn is_denied(&self) -> bool {
+        self.denied
+    }
+}
+
+impl std::fmt::Display for HttpError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for HttpError {}
+
+/// A response, read whole.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    /// Header names in lower case, in the order received.
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// True for 2xx.
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as text (invalid UTF-8 replaced).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body parsed as JSON.
+    pub fn json<T: DeserializeOwned>(&self) -> Result<T, HttpError> {
+        serde_json::from_slice(&self.body)
+            .map_err(|e| HttpError::new(format!("the response is not the JSON expected: {e}")))
+    }
+}
+
+/// A request being built.
+#[derive(Debug, Clone)]
+pub struct Request {
+    method: String,
+    url: String,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Request {
+    pub fn new(method: &str, url: &str) -> Self {
+        Request {
+            method: method.to_ascii_uppercase(),
+            url: url.to_string(),
+            headers: Vec::new(),
+            body: Vec::new(),
+        }
+    }
+
+    /// Adds a header (repeatable).
+    pub fn header(mut self, name: &str, value: &str) -> Self {
+        self.headers.push((name.to_string(), value.to_string()));
+        self
+    }
+
+    /// Sets the body as raw bytes.
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
+        self.body = body.into();
+        self
+    }
+
+    /// Sets the body as JSON and `content-type: application/json`.
+    pub fn json<T: Serialize + ?Sized>(mut self, value: &T) -> Self {
+        self.body = serde_json::to_vec(value).unwrap_or_default();
+        if !self
+            .headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
+            self.headers
+                .push(("content-type".into(), "application/json".into()));
+        }
+        self
+    }
+
+    /// Sends the request and reads the whole response.
+    pub fn send(self) -> Result<Response, HttpError> {
+        let url = Url::parse(&self.url)?;
+        let fields = Fields::new();
+        for (name, value) in &self.headers {
+            fields
+                .append(&name.to_ascii_lowercase(), &value.as_bytes().to_vec())
+                .map_err(|e| HttpError::new(format!("header `{name}`: {e:?}")))?;
+        }
+        let request = OutgoingRequest::new(fields);
+        let method = match self.method.as_str() {
+            "GET" => Method::Get,
+            "HEAD" => Method::Head,
+            "POST" => Method::Post,
+            "PUT" => Method::Put,
+            "DELETE" => Method::Delete,
+            "CONNECT" => Method::Connect,
+            "OPTIONS" => Method::Options,
+            "TRACE" => Method::Trace,
+            "PATCH" => Method::Patch,
+            other => Method::Other(other.to_string()),
+        };
+        let bad = |what: &str| HttpError::new(format!("{}: invalid {what}", self.url));
+        request.set_method(&method).map_err(|()| bad("method"))?;
+        request
+            .set_scheme(Some(&url.scheme))
+            .map_err(|()| bad("scheme"))?;
+        request
+            .set_authority(Some(&url.authority))
+            .map_err(|()| bad("authority"))?;
+        request
+            .set_path_with_query(Some(&url.path_with_query))
+            .map_err(|()| bad("path"))?;
+        let outgoing_body = request.body().map_err(|()| bad("body"))?;
+        let future = outgoing_handler::handle(request, None)
+            .map_err(|code| HttpError::from_code(&self.url, code))?;
+        {
+            let stream = outgoing_body.write().map_err(|()| bad("body stream"))?;
+            for chunk in self.body.chunks(WRITE_CHUNK) {
+                stream
+                    .blocking_write_and_flush(chunk)
+                    .map_err(|e| HttpError::new(format!("{}: sending the body: {e:?}", self.url)))?;
+            }
+        }
+        OutgoingBody::finish(outgoing_body, None)
+            .map_err(|code| HttpError::from_code(&self.url, code))?;
+
+        future.subscribe().block();
+        let incoming = match future.get() {
+            Some(Ok(Ok(response))) => response,
+            Some(Ok(Err(code))) => return Err(HttpError::from_code(&self.url, code)),
+            Some(Err(())) | None => {
+                return Err(HttpError::new(format!("{}: no response", self.url)))
+            }
+        };
+        let status = incoming.status();
+        let headers = incoming
+            .headers()
+            .entries()
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+            .collect();
+        let body = incoming.consume().map_err(|()| bad("response body"))?;
+        let mut bytes = Vec::new();
+        {
+            let stream = body.stream().map_err(|()| bad("response stream"))?;
+            loop {
+                match stream.blocking_read(READ_CHUNK) {
+                    Ok(chunk) => bytes.extend_from_slice(&chunk),
+                    Err(StreamError::Closed) => break,
+                    Err(StreamError::LastOperationFailed(e)) => {
+                        return Err(HttpError::new(format!(
+                            "{}: reading the response: {}",
+                            self.url,
+                            e.to_debug_string()
+                        )))
+                    }
+                }
+            }
+        }
+        let _ = IncomingBody::finish(body);
+        Ok(Response {
+            status,
+            headers,
+            body: bytes,
+        })
+    }
+}
+
+/// `GET url`.
+pub fn get(url: &str) -> Result<Response, HttpError> {
+    Request::new("GET", url).send()
+}
+
+/// `POST url` with `value` as a JSON body.
+pub fn post_json<T: Serialize + ?Sized>(url: &str, value: &T) -> Result<Response, HttpError> {
+    Request::new("POST", url).json(value).send()
+}
+
+/// The parts of an absolute `http://` or `https://` URL that wasi:http wants.
+struct Url {
+    scheme: Scheme,
+    authority: String,
+    path_with_query: String,
+}
+
+impl Url {
+    fn parse(url: &str) -> Result<Url, HttpError> {
+        let (scheme, rest) = if let Some(rest) = url.strip_prefix("https://") {
+            (Scheme::Https, rest)
+        } else if let Some(rest) = url.strip_prefix("http://") {
+            (Scheme::Http, rest)
+        } else {
+            return Err(HttpError::new(format!(
+                "{url}: only absolute http:// and https:// URLs are supported"
+            )));
+        };
+        let split = rest.find(['/', '?']).unwrap_or(rest.len());
+        let (authority, path) = rest.split_at(split);
+        if authority.is_empty() {
+            return Err(HttpError::new(format!("{url}: no host")));
+        }
+        let path_with_query = match path {
+            "" => "/".to_string(),
+            p if p.starts_with('?') => format!("/{p}"),
+            p => p.to_string(),
+        };
+        Ok(Url {
+            scheme,
+            authority: authority.to_string(),
+            path_with_query,
+        })
+    }
+}

@@ -1,0 +1,201 @@
+//! Write kairos action plugins in Rust.
+//!
+//! A plugin is one function that takes the firing [`Context`] and a typed input, and
+//! returns something serializable or an [`Error`]; one line exports it:
+//!
+//! ```ignore
+//! use kairos_guest::{export_action, http, Context, Error};
+//! use serde::Deserialize;
+//!
+//! #[derive(Deserialize)]
+//! struct Input { url: String }
+//!
+//! fn run(_ctx: Context, input: Input) -> Result<u16, Error> {
+//!     let response = http::get(&input.url)?;
+//!     Ok(response.status)
+//! }
+//!
+//! export_action!(run);
+//! ```
+//!
+//! Build it with `cargo build --release --target wasm32-wasip2` (crate type `cdylib`);
+//! the `.wasm` file is a component kairos accepts at `PUT /plugins/{name}`.
+//!
+//! What a plugin can reach is what the host gives it: [`http`] (through the host's
+//! outbound policy and the plugin's `allowed_hosts`), [`log`], the clock ([`now_ms`]) and
+//! [`schedule`] for follow-up bookings. There is no filesystem, environment or socket.
+
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+pub mod http;
+pub mod log;
+pub mod schedule;
+
+/// The bindings generated from the `kairos:plugin` WIT package (`wit/` in the kairos
+/// repository). Plugins rarely need them directly.
+#[doc(hidden)]
+pub mod bindings {
+    wit_bindgen::generate!({
+        path: "../wit",
+        world: "kairos:plugin/action",
+        pub_export_macro: true,
+        export_macro_name: "export_action_world",
+        default_bindings_module: "kairos_guest::bindings",
+        generate_all,
+    });
+}
+
+use bindings::kairos::plugin::types as wit;
+
+/// Which action of a Life is firing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanKind {
+    /// The start action of a term Life, or the only action of a point Life.
+    Birth,
+    /// The end action of a term Life.
+    Death,
+}
+
+/// What the host knows about the firing that runs the plugin.
+#[derive(Debug, Clone)]
+pub struct Context {
+    /// The Life's id.
+    pub life_id: String,
+    /// Which of the Life's actions fires.
+    pub plan: PlanKind,
+    /// When the Plan was due, in milliseconds since the Unix epoch.
+    pub scheduled_at_ms: i64,
+    /// 1 for the first run, 2 for the first retry, and so on.
+    pub attempt: u32,
+    /// The Life's resource, if it has one.
+    pub resource_id: Option<String>,
+    /// The plugin's registered name.
+    pub plugin_name: String,
+    /// The plugin version that runs.
+    pub plugin_version: u32,
+}
+
+impl From<wit::Context> for Context {
+    fn from(c: wit::Context) -> Self {
+        Context {
+            life_id: c.life_id,
+            plan: match c.plan {
+                wit::PlanKind::Birth => PlanKind::Birth,
+                wit::PlanKind::Death => PlanKind::Death,
+            },
+            scheduled_at_ms: c.scheduled_at_ms,
+            attempt: c.attempt,
+            resource_id: c.resource_id,
+            plugin_name: c.plugin_name,
+            plugin_version: c.plugin_version,
+        }
+    }
+}
+
+/// Why a run did not succeed. `retryable` errors are retried by the host as the action's
+/// `retry_count` allows; others fail the Plan at once.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Error {
+    pub message: String,
+    pub retryable: bool,
+}
+
+impl Error {
+    /// An error worth trying again later (a target that is down, a rate limit).
+    pub fn retryable(message: impl Into<String>) -> Self {
+        Error {
+            message: message.into(),
+            retryable: true,
+        }
+    }
+
+    /// An error that will not go away by itself (bad input, a refused request).
+    pub fn fatal(message: impl Into<String>) -> Self {
+        Error {
+            message: message.into(),
+            retryable: false,
+        }
+    }
+}
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// A transport failure is worth retrying, except a request the host refused.
+impl From<http::HttpError> for Error {
+    fn from(e: http::HttpError) -> Self {
+        let retryable = !e.is_denied();
+        Error {
+            message: e.to_string(),
+            retryable,
+        }
+    }
+}
+
+impl From<schedule::BookingError> for Error {
+    fn from(e: schedule::BookingError) -> Self {
+        Error::fatal(format!("booking refused: {}: {}", e.code, e.message))
+    }
+}
+
+/// The wall-clock time, in milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    let t = bindings::wasi::clocks::wall_clock::now();
+    (t.seconds as i64) * 1000 + i64::from(t.nanoseconds / 1_000_000)
+}
+
+/// Glue between the WIT export and a typed plugin function; used by [`export_action!`].
+#[doc(hidden)]
+pub fn __dispatch<I: DeserializeOwned, O: Serialize>(
+    ctx: wit::Context,
+    input: &str,
+    run: fn(Context, I) -> Result<O, Error>,
+) -> Result<String, wit::PluginError> {
+    let to_wit = |e: Error| wit::PluginError {
+        message: e.message,
+        retryable: e.retryable,
+    };
+    let input: I = serde_json::from_str(input)
+        .map_err(|e| Error::fatal(format!("the input does not fit this plugin: {e}")))
+        .map_err(to_wit)?;
+    let output = run(ctx.into(), input).map_err(to_wit)?;
+    serde_json::to_string(&output)
+        .map_err(|e| Error::fatal(format!("the output cannot be written as JSON: {e}")))
+        .map_err(to_wit)
+}
+
+#[doc(hidden)]
+pub fn __assert_types<I: DeserializeOwned, O: Serialize>(
+    run: fn(Context, I) -> Result<O, Error>,
+) -> fn(Context, I) -> Result<O, Error> {
+    run
+}
+
+/// Exports `run` (a `fn(Context, Input) -> Result<Output, Error>`, where `Input` is
+/// `Deserialize` and `Output` is `Serialize`) as the plugin's action.
+#[macro_export]
+macro_rules! export_action {
+    ($run:path) => {
+        struct __KairosAction;
+
+        impl $crate::bindings::Guest for __KairosAction {
+            fn run(
+                ctx: $crate::bindings::kairos::plugin::types::Context,
+                input: ::std::string::String,
+            ) -> ::core::result::Result<
+                ::std::string::String,
+                $crate::bindings::kairos::plugin::types::PluginError,
+            > {
+                $crate::__dispatch(ctx, &input, $crate::__assert_types($run))
+            }
+        }
+
+        $crate::bindings::export_action_world!(__KairosAction with_types_in $crate::bindings);
+    };
+}

@@ -1,0 +1,342 @@
+//! The plugin registry in Redis: names, versions, limits and component bytes.
+//!
+//! Keys (under the prefix, see docs/redis-layout.md):
+//! - `plugins`: set of registered names;
+//! - `plugin:{name}`: hash of the latest version (`version`, `digest`, `size`,
+//!   `allowed_hosts`, `memory_mb`, `timeout_ms`, `uploaded_at`, `uploaded_at_ms`);
+//! - `plugin:{name}:v{n}`: the same hash for every version, never changed once written;
+//! - `plugin:{name}:lives`: the Lives booked with the plugin (`book.lua` adds them);
+//! - `wasm:{sha256}`: the component's bytes, shared by every version with that digest;
+//! - `wasm-refs`: hash of digest → number of versions that use it.
+//!
+//! Every host reads the registry when a plugin action fires, so a new upload is used by
+//! the next firing on every host without a restart.
+
+use std::collections::HashMap;
+
+use redis::aio::ConnectionManager;
+use redis::{AsyncCommands, Script};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::error::ApiError;
+use crate::store::Keys;
+
+/// One version of a plugin, as registered.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PluginMeta {
+    pub name: String,
+    pub version: u32,
+    /// SHA-256 of the component bytes, hex.
+    pub digest: String,
+    pub size: u64,
+    /// Hosts the plugin may call, as given at upload (`host` or `host:port`, or `*`).
+    pub allowed_hosts: Vec<String>,
+    pub memory_mb: u32,
+    pub timeout_ms: u64,
+    pub uploaded_at: String,
+    pub uploaded_at_ms: i64,
+}
+
+impl PluginMeta {
+    fn from_hash(h: &HashMap<String, String>) -> Option<PluginMeta> {
+        let get = |k: &str| h.get(k).cloned();
+        Some(PluginMeta {
+            name: get("name")?,
+            version: get("version")?.parse().ok()?,
+            digest: get("digest")?,
+            size: get("size")?.parse().ok()?,
+            allowed_hosts: get("allowed_hosts")
+                .unwrap_or_default()
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+            memory_mb: get("memory_mb")?.parse().ok()?,
+            timeout_ms: get("timeout_ms")?.parse().ok()?,
+            uploaded_at: get("uploaded_at").unwrap_or_default(),
+            uploaded_at_ms: get("uploaded_at_ms")?.parse().ok()?,
+        })
+    }
+}
+
+/// The limits given with an upload.
+#[derive(Debug, Clone, PartialEq)]
+pub struct UploadLimits {
+    pub allowed_hosts: Vec<String>,
+    pub memory_mb: u32,
+    pub timeout_ms: u64,
+}
+
+/// What `DELETE /plugins/{name}` found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DeleteOutcome {
+    /// Deleted; the number of unfinished Lives that still name it (0 unless forced).
+    Deleted {
+        unfinished: u64,
+    },
+    Missing,
+    /// Refused: this many unfinished Lives use it.
+    InUse {
+        unfinished: u64,
+    },
+}
+
+/// A plugin name: 1 to 64 of `a-z 0-9 - _`, starting with a letter or digit.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.as_bytes()[0].is_ascii_alphanumeric()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+}
+
+/// Splits `name` or `name@version`.
+pub fn split_spec(spec: &str) -> Result<(&str, Option<u32>), String> {
+    match spec.split_once('@') {
+        None => Ok((spec, None)),
+        Some((name, v)) => v
+            .parse::<u32>()
+            .ok()
+            .filter(|v| *v > 0)
+            .map(|v| (name, Some(v)))
+            .ok_or_else(|| format!("`{spec}`: the version after @ must be a number from 1")),
+    }
+}
+
+pub fn digest_of(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+const PUT_SCRIPT: &str = r#"
+-- KEYS: 1 plugins set, 2 latest hash, 3 wasm-refs; ARGV: 1 prefix, 2 name, 3 digest,
+-- 4 size, 5 allowed_hosts, 6 memory_mb, 7 timeout_ms, 8 uploaded_at, 9 uploaded_at_ms
+local version = redis.call('HINCRBY', KEYS[2], 'version', 1)
+local fields = {'name', ARGV[2], 'version', version, 'digest', ARGV[3], 'size', ARGV[4],
+  'allowed_hosts', ARGV[5], 'memory_mb', ARGV[6], 'timeout_ms', ARGV[7],
+  'uploaded_at', ARGV[8], 'uploaded_at_ms', ARGV[9]}
+redis.call('HSET', KEYS[2], unpack(fields))
+redis.call('HSET', ARGV[1] .. 'plugin:' .. ARGV[2] .. ':v' .. version, unpack(fields))
+redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
+redis.call('SADD', KEYS[1], ARGV[2])
+return version
+"#;
+
+const DELETE_SCRIPT: &str = r#"
+-- KEYS: 1 plugins set, 2 latest hash, 3 lives set, 4 wasm-refs;
+-- ARGV: 1 prefix, 2 name, 3 force ('1' or '0')
+if redis.call('EXISTS', KEYS[2]) == 0 then return {'missing', 0} end
+local unfinished = 0
+for _, uuid in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local state = redis.call('HGET', ARGV[1] .. 'life:' .. uuid, 'state')
+  if state == 'Inexistent' or state == 'Alive' then
+    unfinished = unfinished + 1
+  else
+    redis.call('SREM', KEYS[3], uuid)
+  end
+end
+if unfinished > 0 and ARGV[3] ~= '1' then return {'in_use', unfinished} end
+local latest = tonumber(redis.call('HGET', KEYS[2], 'version'))
+for v = 1, latest do
+  local key = ARGV[1] .. 'plugin:' .. ARGV[2] .. ':v' .. v
+  local digest = redis.call('HGET', key, 'digest')
+  if digest then
+    if redis.call('HINCRBY', KEYS[4], digest, -1) <= 0 then
+      redis.call('HDEL', KEYS[4], digest)
+      redis.call('DEL', ARGV[1] .. 'wasm:' .. digest)
+    end
+    redis.call('DEL', key)
+  end
+end
+redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('SREM', KEYS[1], ARGV[2])
+return {'deleted', unfinished}
+"#;
+
+/// Reads and writes the registry keys.
+#[derive(Clone)]
+pub struct Registry {
+    conn: ConnectionManager,
+    keys: Keys,
+    put: std::sync::Arc<Script>,
+    delete: std::sync::Arc<Script>,
+}
+
+impl Registry {
+    pub fn new(conn: ConnectionManager, keys: Keys) -> Self {
+        Registry {
+            conn,
+            keys,
+            put: std::sync::Arc::new(Script::new(PUT_SCRIPT)),
+            delete: std::sync::Arc::new(Script::new(DELETE_SCRIPT)),
+        }
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.keys.prefix)
+    }
+
+    fn latest_key(&self, name: &str) -> String {
+        self.key(&format!("plugin:{name}"))
+    }
+
+    fn version_key(&self, name: &str, version: u32) -> String {
+        self.key(&format!("plugin:{name}:v{version}"))
+    }
+
+    /// Stores a new version of `name`; the bytes have been checked by the runtime.
+    pub async fn put(
+        &self,
+        name: &str,
+        bytes: &[u8],
+        limits: &UploadLimits,
+        uploaded_at: &str,
+        uploaded_at_ms: i64,
+    ) -> Result<PluginMeta, ApiError> {
+        let digest = digest_of(bytes);
+        let mut conn = self.conn.clone();
+        // Content-addressed: writing the same bytes twice is harmless, and bytes stored
+        // before a crash stop the upload only waste space until the next upload of them.
+        let _: () = redis::cmd("SET")
+            .arg(self.key(&format!("wasm:{digest}")))
+            .arg(bytes)
+            .arg("NX")
+            .query_async(&mut conn)
+            .await
+            .map(|_: Option<String>| ())?;
+        let allowed = limits.allowed_hosts.join(",");
+        let version: u32 = self
+            .put
+            .key(self.key("plugins"))
+            .key(self.latest_key(name))
+            .key(self.key("wasm-refs"))
+            .arg(&self.keys.prefix)
+            .arg(name)
+            .arg(&digest)
+            .arg(bytes.len())
+            .arg(&allowed)
+            .arg(limits.memory_mb)
+            .arg(limits.timeout_ms)
+            .arg(uploaded_at)
+            .arg(uploaded_at_ms)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(PluginMeta {
+            name: name.to_string(),
+            version,
+            digest,
+            size: bytes.len() as u64,
+            allowed_hosts: limits.allowed_hosts.clone(),
+            memory_mb: limits.memory_mb,
+            timeout_ms: limits.timeout_ms,
+            uploaded_at: uploaded_at.to_string(),
+            uploaded_at_ms,
+        })
+    }
+
+    /// The version a spec names (`name` = latest, `name@3` = version 3), if registered.
+    pub async fn resolve(&self, spec: &str) -> Result<Option<PluginMeta>, ApiError> {
+        let (name, version) =
+            split_spec(spec).map_err(|e| ApiError::bad_request("unknown_plugin", e))?;
+        let key = match version {
+            None => self.latest_key(name),
+            Some(v) => self.version_key(name, v),
+        };
+        let mut conn = self.conn.clone();
+        let hash: HashMap<String, String> = conn.hgetall(key).await?;
+        Ok(PluginMeta::from_hash(&hash))
+    }
+
+    /// Which of `specs` are registered, in one round trip.
+    pub async fn existing(&self, specs: &[String]) -> Result<Vec<bool>, ApiError> {
+        if specs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for spec in specs {
+            match split_spec(spec) {
+                Ok((name, None)) => pipe.exists(self.latest_key(name)),
+                Ok((name, Some(v))) => pipe.exists(self.version_key(name, v)),
+                Err(_) => pipe.exists(self.key("plugin-spec-that-cannot-exist:")),
+            };
+        }
+        let mut conn = self.conn.clone();
+        Ok(pipe.query_async(&mut conn).await?)
+    }
+
+    /// The component bytes of a digest.
+    pub async fn bytes(&self, digest: &str) -> Result<Option<Vec<u8>>, ApiError> {
+        let mut conn = self.conn.clone();
+        Ok(conn.get(self.key(&format!("wasm:{digest}"))).await?)
+    }
+
+    /// Every plugin's latest version, by name.
+    pub async fn list(&self) -> Result<Vec<PluginMeta>, ApiError> {
+        let mut conn = self.conn.clone();
+        let mut names: Vec<String> = conn.smembers(self.key("plugins")).await?;
+        names.sort();
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.hgetall(self.latest_key(name));
+        }
+        let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut conn).await?;
+        Ok(hashes.iter().filter_map(PluginMeta::from_hash).collect())
+    }
+
+    /// Every version of `name`, oldest first (empty when unknown).
+    pub async fn versions(&self, name: &str) -> Result<Vec<PluginMeta>, ApiError> {
+        let Some(latest) = self.resolve(name).await? else {
+            return Ok(Vec::new());
+        };
+        let mut pipe = redis::pipe();
+        for v in 1..=latest.version {
+            pipe.hgetall(self.version_key(name, v));
+        }
+        let mut conn = self.conn.clone();
+        let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut conn).await?;
+        Ok(hashes.iter().filter_map(PluginMeta::from_hash).collect())
+    }
+
+    /// Deletes `name` and all its versions, unless unfinished Lives use it and `force`
+    /// is false.
+    pub async fn delete(&self, name: &str, force: bool) -> Result<DeleteOutcome, ApiError> {
+        let mut conn = self.conn.clone();
+        let (word, unfinished): (String, u64) = self
+            .delete
+            .key(self.key("plugins"))
+            .key(self.latest_key(name))
+            .key(self.keys.plugin_lives(name))
+            .key(self.key("wasm-refs"))
+            .arg(&self.keys.prefix)
+            .arg(name)
+            .arg(if force { "1" } else { "0" })
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(match word.as_str() {
+            "missing" => DeleteOutcome::Missing,
+            "in_use" => DeleteOutcome::InUse { unfinished },
+            _ => DeleteOutcome::Deleted { unfinished },
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_specs() {
+        assert!(valid_name("http-forward"));
+        assert!(valid_name("a1_b"));
+        assert!(!valid_name(""));
+        assert!(!valid_name("-x"));
+        assert!(!valid_name("Upper"));
+        assert!(!valid_name("a:b"));
+        assert!(!valid_name(&"a".repeat(65)));
+        assert_eq!(split_spec("chain").unwrap(), ("chain", None));
+        assert_eq!(split_spec("chain@3").unwrap(), ("chain", Some(3)));
+        assert!(split_spec("chain@0").is_err());
+        assert!(split_spec("chain@x").is_err());
+    }
+}

@@ -1,0 +1,171 @@
+//! `PUT /plugins/{name}`, `GET /plugins`, `GET /plugins/{name}`, `DELETE /plugins/{name}`.
+//!
+//! An upload is the component's bytes as the body, with its limits as query parameters:
+//! `allowed_hosts=host:port,host` (the hosts it may call; none when absent), `memory_mb`
+//! (1..=1024, default `plugin_memory_mb`) and `timeout` (seconds or `500ms`, at most
+//! 5 minutes, default `plugin_timeout`). It is compiled and linked against the
+//! `kairos:plugin/action` world before it is stored, so a file that could never run is
+//! a 400 at upload rather than a failed Plan later.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use super::registry::{valid_name, DeleteOutcome, UploadLimits};
+use super::runtime::MAX_MEMORY_MB;
+use crate::api::{body_bytes, Shared};
+use crate::config::parse_duration;
+use crate::error::ApiError;
+
+/// The longest `timeout` a plugin may have.
+pub const MAX_PLUGIN_TIMEOUT: Duration = Duration::from_secs(300);
+
+pub fn routes(max_plugin_bytes: usize) -> Router<Shared> {
+    Router::new().route("/plugins", get(list_plugins)).route(
+        "/plugins/{name}",
+        get(show_plugin)
+            .put(upload_plugin)
+            .delete(delete_plugin)
+            .layer(DefaultBodyLimit::max(max_plugin_bytes)),
+    )
+}
+
+fn check_name(name: &str) -> Result<(), ApiError> {
+    if valid_name(name) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "invalid_plugin_name",
+            format!("`{name}`: a plugin name is 1 to 64 of a-z, 0-9, - and _, starting with a letter or digit"),
+        ))
+    }
+}
+
+fn upload_limits(
+    query: &HashMap<String, String>,
+    app: &crate::api::App,
+) -> Result<UploadLimits, ApiError> {
+    let invalid = |m: String| ApiError::bad_request("invalid_query", m);
+    let mut limits = UploadLimits {
+        allowed_hosts: Vec::new(),
+        memory_mb: app.config.plugin_memory_mb,
+        timeout_ms: app.config.plugin_timeout.as_millis() as u64,
+    };
+    for (name, value) in query {
+        match name.as_str() {
+            "allowed_hosts" => {
+                crate::config::parse_allowed_hosts(value).map_err(|e| invalid(e.0))?;
+                limits.allowed_hosts = value
+                    .split(',')
+                    .map(|s| s.trim().to_ascii_lowercase())
+                    .filter(|s| !s.is_empty())
+                    .collect();
+            }
+            "memory_mb" => {
+                limits.memory_mb = value
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|m| (1..=MAX_MEMORY_MB).contains(m))
+                    .ok_or_else(|| {
+                        invalid(format!(
+                            "memory_mb `{value}` is not a number from 1 to {MAX_MEMORY_MB}"
+                        ))
+                    })?;
+            }
+            "timeout" => {
+                let t = parse_duration(value, Duration::from_secs(1))
+                    .map_err(|e| invalid(format!("timeout: {e}")))?;
+                if t.is_zero() || t > MAX_PLUGIN_TIMEOUT {
+                    return Err(invalid(format!(
+                        "timeout `{value}` must be more than 0 and at most {} s",
+                        MAX_PLUGIN_TIMEOUT.as_secs()
+                    )));
+                }
+                limits.timeout_ms = t.as_millis() as u64;
+            }
+            other => return Err(invalid(format!(
+                "unknown parameter `{other}`; an upload takes allowed_hosts, memory_mb and timeout"
+            ))),
+        }
+    }
+    Ok(limits)
+}
+
+async fn upload_plugin(
+    State(app): State<Shared>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    check_name(&name)?;
+    let limits = upload_limits(&query, &app)?;
+    let body = body_bytes(body, app.config.max_plugin_bytes)?;
+    if body.is_empty() {
+        return Err(ApiError::bad_request(
+            "invalid_plugin",
+            "the body must be the component's bytes (a .wasm file built for wasm32-wasip2)",
+        ));
+    }
+    app.plugins
+        .check(body.to_vec())
+        .await
+        .map_err(|why| ApiError::bad_request("invalid_plugin", why))?;
+    let now_ms = app.clock.now_ms();
+    let uploaded_at = app.store.fmt_time(now_ms);
+    let meta = app
+        .plugins
+        .registry()
+        .put(&name, &body, &limits, &uploaded_at, now_ms)
+        .await?;
+    tracing::info!(plugin = %name, version = meta.version, digest = %meta.digest, "plugin uploaded");
+    Ok((StatusCode::CREATED, Json(json!(meta))))
+}
+
+async fn list_plugins(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let plugins = app.plugins.registry().list().await?;
+    Ok(Json(json!({ "plugins": plugins })))
+}
+
+async fn show_plugin(
+    State(app): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    check_name(&name)?;
+    let versions = app.plugins.registry().versions(&name).await?;
+    let Some(latest) = versions.last() else {
+        return Err(ApiError::not_found(format!("no plugin `{name}`")));
+    };
+    let mut view = json!(latest);
+    view["versions"] = json!(versions);
+    Ok(Json(view))
+}
+
+async fn delete_plugin(
+    State(app): State<Shared>,
+    Path(name): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    check_name(&name)?;
+    let force = matches!(
+        query.get("force").map(String::as_str),
+        Some("true") | Some("1")
+    );
+    match app.plugins.registry().delete(&name, force).await? {
+        DeleteOutcome::Missing => Err(ApiError::not_found(format!("no plugin `{name}`"))),
+        DeleteOutcome::InUse { unfinished } => Err(ApiError::conflict(
+            "plugin_in_use",
+            format!("{unfinished} unfinished Lives use plugin `{name}`; cancel them first or delete with ?force=true"),
+        )),
+        DeleteOutcome::Deleted { unfinished } => {
+            tracing::info!(plugin = %name, unfinished, "plugin deleted");
+            Ok(Json(json!({ "name": name, "deleted": true, "unfinished_lives": unfinished })))
+        }
+    }
+}

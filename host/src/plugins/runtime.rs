@@ -1,0 +1,426 @@
+//! The WebAssembly runtime: one wasmtime engine per host, a pre-linked `ActionPre` per
+//! plugin digest, a fresh store per invocation.
+//!
+//! - Compilation happens once per digest and host: at upload (to refuse what is not a
+//!   fitting component) and on first use, after which the compiled artifact is kept in
+//!   `{data_dir}/plugin-cache/` and later loads deserialize it (about 80 µs instead of
+//!   tens of milliseconds).
+//! - The pooling allocator keeps instance slots warm; `workers` slots, since a host runs
+//!   at most that many actions at once.
+//! - A run is bounded by its plugin's `timeout` in wall time: epoch interruption makes a
+//!   spinning guest yield every tick, and a tokio timeout drops the call when the time is
+//!   up, whether the guest computes or waits on HTTP. Memory is capped by store limits
+//!   (`memory_mb`), with a trap on a refused grow.
+
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::{OnceCell, Semaphore};
+use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
+
+use super::bindings::kairos::plugin::types as wit;
+use super::bindings::{Action as ActionWorld, ActionPre};
+use super::registry::{PluginMeta, Registry};
+use super::sandbox::{LogSink, Outbound, PluginClient, Sandbox};
+use crate::bookings::Bookings;
+use crate::config::AllowedHost;
+use crate::model::PlanKind;
+use crate::outbound::OutboundPolicy;
+
+/// How often the epoch advances; a spinning guest yields this often.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// The largest `memory_mb` an upload may ask for.
+pub const MAX_MEMORY_MB: u32 = 1024;
+/// Output kept in history.
+const MAX_OUTPUT_BYTES: usize = 4096;
+
+/// What the runtime needs from the host's configuration.
+pub struct RuntimeSettings {
+    pub instances: u32,
+    pub cache_dir: PathBuf,
+    pub policy: Arc<OutboundPolicy>,
+    pub client: PluginClient,
+    pub response_limit: usize,
+    pub request_timeout: Duration,
+}
+
+/// The firing that runs a plugin.
+#[derive(Debug, Clone)]
+pub struct InvokeContext {
+    pub life_id: String,
+    pub plan: PlanKind,
+    pub scheduled_at_ms: i64,
+    pub attempt: u32,
+    pub resource_id: Option<String>,
+}
+
+/// Why an invocation did not succeed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Failure {
+    /// The plugin returned an error.
+    Plugin { message: String, retryable: bool },
+    /// The guest trapped (panic, memory cap, stack overflow...).
+    Trap(String),
+    /// The wall-time deadline passed.
+    Timeout(u64),
+    /// The plugin could not be found, loaded or instantiated.
+    Setup(String),
+}
+
+impl Failure {
+    pub fn retryable(&self) -> bool {
+        matches!(
+            self,
+            Failure::Plugin {
+                retryable: true,
+                ..
+            }
+        )
+    }
+
+    pub fn message(&self, plugin: &str) -> String {
+        match self {
+            Failure::Plugin { message, .. } => format!("plugin {plugin}: {message}"),
+            Failure::Trap(trap) => format!("plugin {plugin} trapped: {trap}"),
+            Failure::Timeout(ms) => {
+                format!("plugin {plugin} ran past its {ms} ms deadline and was stopped")
+            }
+            Failure::Setup(why) => format!("plugin {plugin}: {why}"),
+        }
+    }
+}
+
+/// The outcome of one invocation, with what it logged.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    /// The JSON text the plugin returned (at most 4 KiB of it), or why it failed.
+    pub result: Result<String, Failure>,
+    pub logs: Vec<String>,
+}
+
+/// Runs plugins.
+pub struct PluginRuntime {
+    engine: Engine,
+    linker: Linker<Sandbox>,
+    registry: Registry,
+    bookings: Arc<Bookings>,
+    settings: RuntimeSettings,
+    /// Pre-linked components by digest; filled once per digest even under concurrent
+    /// first uses.
+    loaded: Mutex<HashMap<String, Arc<OnceCell<ActionPre<Sandbox>>>>>,
+    /// One slot per pooled instance.
+    slots: Arc<Semaphore>,
+    /// Parsed `allowed_hosts` by plugin digest and list.
+    allowed: Mutex<HashMap<String, Arc<Vec<AllowedHost>>>>,
+}
+
+/// The engine configuration every host uses; also what compiled artifacts must match.
+fn engine_config(instances: u32) -> Config {
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(instances)
+        // A Rust component has a handful of core instances and tables, one memory.
+        .total_core_instances(instances * 8)
+        .total_memories(instances * 2)
+        .total_tables(instances * 8)
+        .total_stacks(instances)
+        .max_memory_size(MAX_MEMORY_MB as usize * 1024 * 1024)
+        // Keeping the first pages of a slot resident skips the madvise/page-fault
+        // round trip for every invocation; these calls take the process-wide mmap lock,
+        // which is what made concurrent invocations slower than sequential ones.
+        .linear_memory_keep_resident(1024 * 1024)
+        .table_keep_resident(64 * 1024)
+        .async_stack_keep_resident(128 * 1024);
+    let mut config = Config::new();
+    config
+        .wasm_component_model(true)
+        .epoch_interruption(true)
+        .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    config
+}
+
+impl PluginRuntime {
+    pub fn new(
+        registry: Registry,
+        bookings: Arc<Bookings>,
+        settings: RuntimeSettings,
+    ) -> anyhow::Result<Arc<PluginRuntime>> {
+        let engine = Engine::new(&engine_config(settings.instances))
+            .map_err(|e| anyhow::anyhow!("wasmtime engine: {e}"))?;
+        let mut linker = Linker::<Sandbox>::new(&engine);
+        let link = |r: wasmtime::Result<()>| r.map_err(|e| anyhow::anyhow!("linking: {e}"));
+        link(wasmtime_wasi::p2::add_to_linker_async(&mut linker))?;
+        link(wasmtime_wasi_http::p2::add_only_http_to_linker_async(
+            &mut linker,
+        ))?;
+        use super::bindings::kairos::plugin::{log, schedule};
+        link(wit::add_to_linker::<_, HasSelf<Sandbox>>(
+            &mut linker,
+            |s| s,
+        ))?;
+        link(log::add_to_linker::<_, HasSelf<Sandbox>>(
+            &mut linker,
+            |s| s,
+        ))?;
+        link(schedule::add_to_linker::<_, HasSelf<Sandbox>>(
+            &mut linker,
+            |s| s,
+        ))?;
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("kairos-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })?;
+        std::fs::create_dir_all(&settings.cache_dir)
+            .map_err(|e| anyhow::anyhow!("plugin cache {}: {e}", settings.cache_dir.display()))?;
+        let slots = Arc::new(Semaphore::new(settings.instances as usize));
+        Ok(Arc::new(PluginRuntime {
+            engine,
+            linker,
+            registry,
+            bookings,
+            settings,
+            loaded: Mutex::new(HashMap::new()),
+            slots,
+            allowed: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Compiles and links `bytes` the way a firing would, so that an upload that could
+    /// never run is refused at once. Returns the error as a sentence.
+    pub async fn check(&self, bytes: Vec<u8>) -> Result<(), String> {
+        if !bytes.starts_with(b"\0asm") {
+            return Err(
+                "not a WebAssembly binary (it does not start with \\0asm); upload the .wasm file cargo builds for wasm32-wasip2".into(),
+            );
+        }
+        let engine = self.engine.clone();
+        let component = tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
+            .await
+            .map_err(|e| format!("compilation did not finish: {e}"))?
+            .map_err(|e| format!("not a valid WebAssembly component: {}", root(&e)))?;
+        self.prelink(&component).map(|_| ())
+    }
+
+    fn prelink(&self, component: &Component) -> Result<ActionPre<Sandbox>, String> {
+        let pre = self.linker.instantiate_pre(component).map_err(|e| {
+            format!(
+                "the component needs what kairos does not give plugins: {}",
+                root(&e)
+            )
+        })?;
+        ActionPre::new(pre).map_err(|e| {
+            format!(
+                "the component does not target the kairos:plugin/action world: {}",
+                root(&e)
+            )
+        })
+    }
+
+    fn cache_path(&self, digest: &str) -> PathBuf {
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        self.engine
+            .precompile_compatibility_hash()
+            .hash(&mut hasher);
+        self.settings
+            .cache_dir
+            .join(format!("{digest}-{:016x}.cwasm", hasher.finish()))
+    }
+
+    /// The pre-linked component of a digest: from memory, the disk cache, or Redis.
+    async fn load(&self, digest: &str) -> Result<ActionPre<Sandbox>, String> {
+        let cell = self
+            .loaded
+            .lock()
+            .expect("plugin cache")
+            .entry(digest.to_string())
+            .or_default()
+            .clone();
+        cell.get_or_try_init(|| self.load_uncached(digest))
+            .await
+            .cloned()
+    }
+
+    async fn load_uncached(&self, digest: &str) -> Result<ActionPre<Sandbox>, String> {
+        let path = self.cache_path(digest);
+        let engine = self.engine.clone();
+        let cached = tokio::task::spawn_blocking({
+            let path = path.clone();
+            // SAFETY: the file is one this host's engine wrote (below) into its own data
+            // directory, named by the component's digest and the engine's compatibility
+            // hash; deserialize also checks the engine settings it was made with.
+            move || unsafe { Component::deserialize_file(&engine, &path) }
+        })
+        .await
+        .ok()
+        .and_then(Result::ok);
+        let component = match cached {
+            Some(c) => c,
+            None => {
+                let bytes = self
+                    .registry
+                    .bytes(digest)
+                    .await
+                    .map_err(|e| format!("cannot read the component: {}", e.message))?
+                    .ok_or_else(|| "its component bytes are gone from Redis".to_string())?;
+                let engine = self.engine.clone();
+                tokio::task::spawn_blocking(move || {
+                    let component = Component::new(&engine, &bytes)?;
+                    if let Ok(serialized) = component.serialize() {
+                        // Write then rename, so another host process never reads half.
+                        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                        if std::fs::write(&tmp, serialized).is_ok() {
+                            let _ = std::fs::rename(&tmp, &path);
+                        }
+                    }
+                    Ok::<_, wasmtime::Error>(component)
+                })
+                .await
+                .map_err(|e| format!("compilation did not finish: {e}"))?
+                .map_err(|e| format!("cannot compile: {}", root(&e)))?
+            }
+        };
+        self.prelink(&component)
+    }
+
+    fn allowed_hosts(&self, meta: &PluginMeta) -> Arc<Vec<AllowedHost>> {
+        let key = meta.allowed_hosts.join(",");
+        self.allowed
+            .lock()
+            .expect("allowed hosts cache")
+            .entry(key.clone())
+            .or_insert_with(|| {
+                Arc::new(crate::config::parse_allowed_hosts(&key).unwrap_or_default())
+            })
+            .clone()
+    }
+
+    /// Runs `spec` (`name` or `name@version`) for one firing.
+    /// `timeout_ms` is the booking's own limit, when it set one; the plugin's applies
+    /// otherwise, and the shorter of the two when both do.
+    pub async fn invoke(
+        &self,
+        spec: &str,
+        ctx: &InvokeContext,
+        input: &str,
+        timeout_ms: Option<u64>,
+    ) -> Invocation {
+        let setup = |why: String| Invocation {
+            result: Err(Failure::Setup(why)),
+            logs: Vec::new(),
+        };
+        let mut meta = match self.registry.resolve(spec).await {
+            Ok(Some(meta)) => meta,
+            Ok(None) => return setup(format!("no plugin `{spec}` is registered")),
+            Err(e) => return setup(format!("cannot read the registry: {}", e.message)),
+        };
+        let pre = match self.load(&meta.digest).await {
+            Ok(pre) => pre,
+            Err(why) => return setup(why),
+        };
+        if let Some(t) = timeout_ms {
+            meta.timeout_ms = meta.timeout_ms.min(t.max(1));
+        }
+        self.invoke_loaded(&pre, &meta, ctx, input).await
+    }
+
+    /// Runs an already loaded plugin: fresh store, instantiate, call, drop.
+    pub async fn invoke_loaded(
+        &self,
+        pre: &ActionPre<Sandbox>,
+        meta: &PluginMeta,
+        ctx: &InvokeContext,
+        input: &str,
+    ) -> Invocation {
+        let _slot = self.slots.acquire().await.expect("slots never close");
+        let logs = LogSink::default();
+        let outbound = Outbound {
+            policy: self.settings.policy.clone(),
+            allowed: self.allowed_hosts(meta),
+            client: self.settings.client.clone(),
+            response_limit: self.settings.response_limit,
+            request_timeout: self.settings.request_timeout,
+            logs: logs.clone(),
+        };
+        let memory = meta.memory_mb.min(MAX_MEMORY_MB) as usize * 1024 * 1024;
+        let mut store = Store::new(
+            &self.engine,
+            Sandbox::new(outbound, memory, self.bookings.clone()),
+        );
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(1);
+        store.epoch_deadline_async_yield_and_update(1);
+        let wit_ctx = wit::Context {
+            life_id: ctx.life_id.clone(),
+            plan: match ctx.plan {
+                PlanKind::Birth => wit::PlanKind::Birth,
+                PlanKind::Death => wit::PlanKind::Death,
+            },
+            scheduled_at_ms: ctx.scheduled_at_ms,
+            attempt: ctx.attempt,
+            resource_id: ctx.resource_id.clone(),
+            plugin_name: meta.name.clone(),
+            plugin_version: meta.version,
+        };
+        let call = async {
+            let action: ActionWorld = pre.instantiate_async(&mut store).await?;
+            action.call_run(&mut store, &wit_ctx, input).await
+        };
+        let result = match tokio::time::timeout(Duration::from_millis(meta.timeout_ms), call).await
+        {
+            Err(_) => Err(Failure::Timeout(meta.timeout_ms)),
+            Ok(Err(trap)) => Err(Failure::Trap(root(&trap))),
+            Ok(Ok(Err(e))) => Err(Failure::Plugin {
+                message: e.message,
+                retryable: e.retryable,
+            }),
+            Ok(Ok(Ok(mut output))) => {
+                if output.len() > MAX_OUTPUT_BYTES {
+                    let mut cut = MAX_OUTPUT_BYTES;
+                    while !output.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    output.truncate(cut);
+                }
+                Ok(output)
+            }
+        };
+        drop(store);
+        Invocation {
+            result,
+            logs: logs.take(),
+        }
+    }
+
+    /// Loads a plugin for the benchmark, which then calls `invoke_loaded` directly.
+    pub async fn preload(&self, spec: &str) -> Result<(ActionPre<Sandbox>, PluginMeta), String> {
+        let meta = self
+            .registry
+            .resolve(spec)
+            .await
+            .map_err(|e| e.message)?
+            .ok_or_else(|| format!("no plugin `{spec}`"))?;
+        Ok((self.load(&meta.digest).await?, meta))
+    }
+}
+
+/// The innermost cause of a wasmtime error, which names the trap.
+fn root(e: &wasmtime::Error) -> String {
+    let mut text = e.root_cause().to_string();
+    if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
+        text = format!("{trap}");
+    }
+    text.lines().next().unwrap_or_default().to_string()
+}

@@ -1,0 +1,397 @@
+//! What one plugin invocation can touch: the store's data, the host side of the
+//! `kairos:plugin` interfaces, and the outbound HTTP hook.
+//!
+//! A fresh [`Sandbox`] is made for every invocation. Its WASI context has no preopened
+//! directory, no environment, no arguments and no sockets; standard output and error go
+//! into the run's log buffer; outgoing HTTP goes through [`Outbound`], which applies the
+//! plugin's `allowed_hosts` and the host's outbound policy before a pooled keep-alive
+//! client sends it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::http;
+use http_body_util::{BodyExt, Limited};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use wasmtime::component::ResourceTable;
+use wasmtime::{StoreLimits, StoreLimitsBuilder};
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
+
+use super::bindings::kairos::plugin::{log, schedule, types};
+use crate::bookings::Bookings;
+use crate::config::AllowedHost;
+use crate::outbound::{host_port, OutboundPolicy};
+
+/// Log lines kept per run, and bytes of them.
+pub const MAX_LOG_LINES: usize = 64;
+pub const MAX_LOG_BYTES: usize = 16 * 1024;
+/// Follow-up bookings one run may make.
+pub const MAX_BOOKINGS_PER_RUN: u32 = 16;
+
+/// The body type wasi-http hands to the hook.
+pub type WasiBody = wasmtime_wasi_http::WasiBody;
+/// The pooled client plugins send through.
+pub type PluginClient = Client<HttpsConnector<HttpConnector>, WasiBody>;
+
+/// A run's log lines, shared by the log interface, stdout/stderr and the HTTP hook.
+#[derive(Clone, Default)]
+pub struct LogSink(Arc<Mutex<LogBuffer>>);
+
+#[derive(Default)]
+struct LogBuffer {
+    lines: Vec<String>,
+    bytes: usize,
+    dropped: usize,
+    /// Unfinished stdout/stderr line.
+    partial: [Vec<u8>; 2],
+}
+
+impl LogSink {
+    pub fn push(&self, line: String) {
+        let mut b = self.0.lock().expect("log buffer");
+        if b.lines.len() >= MAX_LOG_LINES || b.bytes + line.len() > MAX_LOG_BYTES {
+            b.dropped += 1;
+            return;
+        }
+        b.bytes += line.len();
+        b.lines.push(line);
+    }
+
+    fn write_stream(&self, which: usize, data: &[u8]) {
+        let mut complete = Vec::new();
+        {
+            let mut b = self.0.lock().expect("log buffer");
+            let partial = &mut b.partial[which];
+            partial.extend_from_slice(data);
+            while let Some(i) = partial.iter().position(|c| *c == b'\n') {
+                let line: Vec<u8> = partial.drain(..=i).collect();
+                complete.push(line);
+            }
+            if partial.len() > MAX_LOG_BYTES {
+                partial.truncate(MAX_LOG_BYTES);
+            }
+        }
+        let name = ["stdout", "stderr"][which];
+        for line in complete {
+            let text = String::from_utf8_lossy(&line);
+            let text = text.trim_end();
+            if !text.is_empty() {
+                self.push(format!("{name}: {text}"));
+            }
+        }
+    }
+
+    /// The lines, with unfinished output flushed and a note of what was dropped.
+    pub fn take(&self) -> Vec<String> {
+        let partial: Vec<(usize, Vec<u8>)> = {
+            let mut b = self.0.lock().expect("log buffer");
+            (0..2)
+                .map(|i| (i, std::mem::take(&mut b.partial[i])))
+                .filter(|(_, p)| !p.is_empty())
+                .collect()
+        };
+        for (which, mut rest) in partial {
+            rest.push(b'\n');
+            self.write_stream(which, &rest);
+        }
+        let mut b = self.0.lock().expect("log buffer");
+        let mut lines = std::mem::take(&mut b.lines);
+        if b.dropped > 0 {
+            lines.push(format!("({} more log lines dropped)", b.dropped));
+        }
+        lines
+    }
+}
+
+/// Standard output or error of the guest, captured into the log sink. Writes always
+/// succeed (what is over the cap is dropped), so that a chatty plugin does not fail on
+/// a full pipe.
+struct Capture {
+    sink: LogSink,
+    which: usize,
+}
+
+impl IsTerminal for Capture {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for Capture {
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(CaptureWriter {
+            sink: self.sink.clone(),
+            which: self.which,
+        })
+    }
+}
+
+struct CaptureWriter {
+    sink: LogSink,
+    which: usize,
+}
+
+impl tokio::io::AsyncWrite for CaptureWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.sink.write_stream(self.which, buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The outbound HTTP hook of one invocation.
+pub struct Outbound {
+    pub policy: Arc<OutboundPolicy>,
+    /// The plugin's own `allowed_hosts`; empty allows nothing.
+    pub allowed: Arc<Vec<AllowedHost>>,
+    pub client: PluginClient,
+    pub response_limit: usize,
+    pub request_timeout: Duration,
+    pub logs: LogSink,
+}
+
+fn plugin_allows(allowed: &[AllowedHost], uri: &http::Uri) -> bool {
+    let Some((host, port)) = host_port(uri) else {
+        return false;
+    };
+    allowed.iter().any(|entry| match entry {
+        AllowedHost::AnyPublic => true,
+        AllowedHost::Host { host: h, port: p } => *h == host && p.is_none_or(|p| p == port),
+    })
+}
+
+type ResponseFuture = Box<
+    dyn Future<
+            Output = wasmtime_wasi_http::Result<(
+                http::Response<WasiBody>,
+                Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+            )>,
+        > + Send,
+>;
+
+impl WasiHttpHooks for Outbound {
+    fn send_request(
+        &mut self,
+        request: http::Request<WasiBody>,
+        _options: Option<wasmtime_wasi_http::RequestOptions>,
+        _fut: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send>,
+    ) -> ResponseFuture {
+        let policy = self.policy.clone();
+        let allowed = self.allowed.clone();
+        let client = self.client.clone();
+        let limit = self.response_limit;
+        let timeout = self.request_timeout;
+        let logs = self.logs.clone();
+        Box::new(async move {
+            use wasmtime_wasi_http::Error;
+            let uri = request.uri().clone();
+            let refusal = if !plugin_allows(&allowed, &uri) {
+                Some(format!(
+                    "outbound policy: {uri} is not in this plugin's allowed_hosts"
+                ))
+            } else {
+                policy.check(&uri).await.err()
+            };
+            if let Some(refusal) = refusal {
+                logs.push(format!("denied: {refusal}"));
+                return Err(Error::HttpRequestDenied);
+            }
+            let response = match tokio::time::timeout(timeout, client.request(request)).await {
+                Err(_) => return Err(Error::HttpResponseTimeout),
+                Ok(Err(e)) if e.is_connect() => return Err(Error::ConnectionRefused),
+                Ok(Err(e)) => return Err(Error::InternalError(Some(e.to_string()))),
+                Ok(Ok(response)) => response,
+            };
+            let response = response.map(|body| {
+                Limited::new(body, limit)
+                    .map_err(|e| {
+                        if e.is::<http_body_util::LengthLimitError>() {
+                            Error::HttpResponseBodySize(None)
+                        } else {
+                            Error::InternalError(Some(e.to_string()))
+                        }
+                    })
+                    .boxed_unsync()
+            });
+            let done: Box<dyn Future<Output = wasmtime_wasi_http::Result<()>> + Send> =
+                Box::new(async { Ok(()) });
+            Ok((response, done))
+        })
+    }
+}
+
+/// The data of one invocation's store.
+pub struct Sandbox {
+    wasi: WasiCtx,
+    http: WasiHttpCtx,
+    table: ResourceTable,
+    outbound: Outbound,
+    pub limits: StoreLimits,
+    pub logs: LogSink,
+    bookings: Arc<Bookings>,
+    booked: u32,
+}
+
+impl Sandbox {
+    pub fn new(outbound: Outbound, memory_bytes: usize, bookings: Arc<Bookings>) -> Self {
+        let logs = outbound.logs.clone();
+        let wasi = WasiCtxBuilder::new()
+            .stdout(Capture {
+                sink: logs.clone(),
+                which: 0,
+            })
+            .stderr(Capture {
+                sink: logs.clone(),
+                which: 1,
+            })
+            .allow_tcp(false)
+            .allow_udp(false)
+            .allow_ip_name_lookup(false)
+            .build();
+        Sandbox {
+            wasi,
+            http: WasiHttpCtx::new(),
+            table: ResourceTable::new(),
+            outbound,
+            limits: StoreLimitsBuilder::new()
+                .memory_size(memory_bytes)
+                .trap_on_grow_failure(true)
+                .build(),
+            logs,
+            bookings,
+            booked: 0,
+        }
+    }
+}
+
+impl WasiView for Sandbox {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for Sandbox {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        WasiHttpCtxView {
+            ctx: &mut self.http,
+            table: &mut self.table,
+            hooks: &mut self.outbound,
+        }
+    }
+}
+
+impl types::Host for Sandbox {}
+
+impl log::Host for Sandbox {
+    fn log(&mut self, level: log::Level, message: String) {
+        let level = match level {
+            log::Level::Trace => "trace",
+            log::Level::Debug => "debug",
+            log::Level::Info => "info",
+            log::Level::Warn => "warn",
+            log::Level::Error => "error",
+        };
+        self.logs.push(format!("{level}: {message}"));
+    }
+}
+
+impl schedule::Host for Sandbox {
+    async fn book(&mut self, request: String) -> Result<String, schedule::BookingError> {
+        if self.booked >= MAX_BOOKINGS_PER_RUN {
+            return Err(schedule::BookingError {
+                code: "too_many_bookings".into(),
+                message: format!("a run may book at most {MAX_BOOKINGS_PER_RUN} Lives"),
+            });
+        }
+        self.booked += 1;
+        match self.bookings.book_json(request.as_bytes()).await {
+            Ok(life) => {
+                self.logs.push(format!("booked Life {}", life.life_uuid));
+                Ok(life.life_uuid)
+            }
+            Err(e) => Err(schedule::BookingError {
+                code: e.code.into(),
+                message: e.message,
+            }),
+        }
+    }
+
+    async fn cancel(&mut self, life_id: String) -> Result<(), schedule::BookingError> {
+        self.bookings
+            .cancel(&life_id, false)
+            .await
+            .map(|_| ())
+            .map_err(|e| schedule::BookingError {
+                code: e.code.into(),
+                message: e.message,
+            })
+    }
+}
+
+/// Used by tests of the hook's matching.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_plugin_reaches_only_its_listed_hosts() {
+        let allowed = vec![
+            AllowedHost::Host {
+                host: "127.0.0.1".into(),
+                port: Some(9000),
+            },
+            AllowedHost::Host {
+                host: "api.example.com".into(),
+                port: None,
+            },
+        ];
+        let uri = |s: &str| s.parse::<http::Uri>().unwrap();
+        assert!(plugin_allows(&allowed, &uri("http://127.0.0.1:9000/x")));
+        assert!(!plugin_allows(&allowed, &uri("http://127.0.0.1:9001/x")));
+        assert!(plugin_allows(&allowed, &uri("https://api.example.com/v1")));
+        assert!(!plugin_allows(&allowed, &uri("https://evil.example.com/")));
+        assert!(!plugin_allows(&[], &uri("https://api.example.com/v1")));
+    }
+
+    #[test]
+    fn captured_output_becomes_lines_and_is_capped() {
+        let sink = LogSink::default();
+        sink.write_stream(0, b"hello\nwor");
+        sink.write_stream(0, b"ld\n");
+        sink.write_stream(1, b"oops");
+        sink.push("info: x".into());
+        let lines = sink.take();
+        assert_eq!(
+            lines,
+            vec!["stdout: hello", "stdout: world", "info: x", "stderr: oops"]
+        );
+        let sink = LogSink::default();
+        for i in 0..100 {
+            sink.push(format!("line {i}"));
+        }
+        let lines = sink.take();
+        assert_eq!(lines.len(), MAX_LOG_LINES + 1);
+        assert!(lines.last().unwrap().contains("36 more"), "{lines:?}");
+    }
+}
