@@ -33,3 +33,26 @@ need_curl() {
   fi
   command -v curl >/dev/null 2>&1 || { echo "curl is missing: apt-get install -y curl" >&2; exit 1; }
 }
+
+# The wasm32-wasip2 standard library, for building plugins.
+need_wasm_target() {
+  if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then
+    return
+  fi
+  if command -v rustup >/dev/null 2>&1; then
+    echo "installing the wasm32-wasip2 target (rustup)…" >&2
+    rustup target add wasm32-wasip2 >&2 || true
+  fi
+  rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2 || {
+    echo "the wasm32-wasip2 Rust target is missing: rustup target add wasm32-wasip2" >&2
+    exit 1
+  }
+}
+
+# Builds plugins/ (examples, built-ins and test plugins) as components into
+# target-plugins/wasm32-wasip2/release/, apart from the host's target/.
+build_plugins() {
+  need_wasm_target
+  cargo build -j2 --release --target wasm32-wasip2 \
+    --manifest-path plugins/Cargo.toml --target-dir target-plugins
+}

@@ -186,9 +186,9 @@ impl Request {
         {
             let stream = outgoing_body.write().map_err(|()| bad("body stream"))?;
             for chunk in self.body.chunks(WRITE_CHUNK) {
-                stream
-                    .blocking_write_and_flush(chunk)
-                    .map_err(|e| HttpError::new(format!("{}: sending the body: {e:?}", self.url)))?;
+                stream.blocking_write_and_flush(chunk).map_err(|e| {
+                    HttpError::new(format!("{}: sending the body: {e:?}", self.url))
+                })?;
             }
         }
         OutgoingBody::finish(outgoing_body, None)

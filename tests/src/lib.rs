@@ -180,6 +180,51 @@ pub fn kairos_bin() -> PathBuf {
     bin
 }
 
+/// The data directory every test host shares: it holds only the compiled-plugin cache
+/// (tests always give a Redis URL), which is keyed by digest and safe to share.
+pub fn shared_data_dir() -> PathBuf {
+    let dir = workspace_dir().join("target/e2e-data");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn workspace_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The bytes of a plugin component built from `plugins/` (`scripts/test` builds them
+/// into `target-plugins/`; `KAIROS_PLUGINS_DIR` overrides the directory).
+pub fn plugin_wasm(crate_name: &str) -> Vec<u8> {
+    let dir = std::env::var("KAIROS_PLUGINS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| workspace_dir().join("target-plugins/wasm32-wasip2/release"));
+    let file = dir.join(format!("{}.wasm", crate_name.replace('-', "_")));
+    std::fs::read(&file).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the plugins with `cargo build --release --target wasm32-wasip2 --target-dir ../target-plugins` in plugins/ (scripts/test does)",
+            file.display()
+        )
+    })
+}
+
+/// Uploads a plugin component as `name` with the given query (`allowed_hosts=...&...`);
+/// the host must answer 201. Returns the registered version's description.
+pub async fn upload_plugin(api: &Api, name: &str, crate_name: &str, query: &str) -> Value {
+    let (status, reply) = api
+        .raw(
+            Method::PUT,
+            &format!("/plugins/{name}?{query}"),
+            plugin_wasm(crate_name),
+            &[("content-type", "application/wasm")],
+        )
+        .await;
+    assert_eq!(
+        status, 201,
+        "upload of {crate_name} as {name} refused: {reply:#}"
+    );
+    reply
+}
+
 /// A running `kairos serve` process.
 pub struct Host {
     pub addr: SocketAddr,
@@ -234,6 +279,8 @@ impl Host {
                 &addr.to_string(),
                 "--host-id",
                 &host_id,
+                "--data-dir",
+                &shared_data_dir().display().to_string(),
             ])
             .args(args)
             .env("RUST_LOG", "info,kairos=debug")
@@ -358,7 +405,11 @@ impl Api {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path));
-        if !body.is_empty() {
+        if !body.is_empty()
+            && !headers
+                .iter()
+                .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
+        {
             req = req.header("content-type", "application/json");
         }
         if let Some(t) = &self.token {

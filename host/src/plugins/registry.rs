@@ -276,6 +276,9 @@ impl Registry {
         let mut conn = self.conn.clone();
         let mut names: Vec<String> = conn.smembers(self.key("plugins")).await?;
         names.sort();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut pipe = redis::pipe();
         for name in &names {
             pipe.hgetall(self.latest_key(name));

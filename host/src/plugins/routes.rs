@@ -90,9 +90,11 @@ fn upload_limits(
                 }
                 limits.timeout_ms = t.as_millis() as u64;
             }
-            other => return Err(invalid(format!(
+            other => {
+                return Err(invalid(format!(
                 "unknown parameter `{other}`; an upload takes allowed_hosts, memory_mb and timeout"
-            ))),
+            )))
+            }
         }
     }
     Ok(limits)

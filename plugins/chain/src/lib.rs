@@ -43,7 +43,10 @@ fn run(ctx: Context, input: Input) -> Result<Output, Error> {
             &json!({"life_id": ctx.life_id, "step": input.step, "times": input.times}),
         )?;
         if !response.is_success() {
-            return Err(Error::retryable(format!("{url} answered {}", response.status)));
+            return Err(Error::retryable(format!(
+                "{url} answered {}",
+                response.status
+            )));
         }
     }
     let next_life_id = if input.step < input.times {
@@ -65,7 +68,10 @@ fn run(ctx: Context, input: Input) -> Result<Output, Error> {
         info!("step {} of {}: booked {id}", input.step, input.times);
         Some(id)
     } else {
-        info!("step {} of {}: the chain is complete", input.step, input.times);
+        info!(
+            "step {} of {}: the chain is complete",
+            input.step, input.times
+        );
         None
     };
     Ok(Output {

@@ -53,7 +53,10 @@ fn render(template: &str, vars: &BTreeMap<String, Value>) -> Result<String, Stri
             continue;
         }
         if tail.starts_with('}') {
-            return Err(format!("unmatched `}}` at byte {}", template.len() - tail.len()));
+            return Err(format!(
+                "unmatched `}}` at byte {}",
+                template.len() - tail.len()
+            ));
         }
         let end = tail
             .find('}')

@@ -33,7 +33,10 @@ struct Output {
 fn run(ctx: Context, input: Input) -> Result<Output, Error> {
     let mut request = http::Request::new(&input.method, &input.url)
         .header("x-kairos-life-id", &ctx.life_id)
-        .header("idempotency-key", &format!("{}:{}", ctx.life_id, ctx.scheduled_at_ms));
+        .header(
+            "idempotency-key",
+            &format!("{}:{}", ctx.life_id, ctx.scheduled_at_ms),
+        );
     for (name, value) in &input.headers {
         request = request.header(name, value);
     }
