@@ -183,23 +183,34 @@ impl Request {
         let outgoing_body = request.body().map_err(|()| bad("body"))?;
         let future = outgoing_handler::handle(request, None)
             .map_err(|code| HttpError::from_code(&self.url, code))?;
+        // A server may answer before it has read the whole body (and then stop
+        // reading); like other HTTP clients, take its answer rather than the write error.
+        let mut write_error = None;
         {
             let stream = outgoing_body.write().map_err(|()| bad("body stream"))?;
             for chunk in self.body.chunks(WRITE_CHUNK) {
-                stream.blocking_write_and_flush(chunk).map_err(|e| {
-                    HttpError::new(format!("{}: sending the body: {e:?}", self.url))
-                })?;
+                if let Err(e) = stream.blocking_write_and_flush(chunk) {
+                    write_error = Some(HttpError::new(format!(
+                        "{}: sending the body: {e:?}",
+                        self.url
+                    )));
+                    break;
+                }
             }
         }
-        OutgoingBody::finish(outgoing_body, None)
-            .map_err(|code| HttpError::from_code(&self.url, code))?;
+        if let Err(code) = OutgoingBody::finish(outgoing_body, None) {
+            write_error.get_or_insert(HttpError::from_code(&self.url, code));
+        }
 
         future.subscribe().block();
         let incoming = match future.get() {
             Some(Ok(Ok(response))) => response,
-            Some(Ok(Err(code))) => return Err(HttpError::from_code(&self.url, code)),
+            Some(Ok(Err(code))) => {
+                return Err(write_error.unwrap_or(HttpError::from_code(&self.url, code)))
+            }
             Some(Err(())) | None => {
-                return Err(HttpError::new(format!("{}: no response", self.url)))
+                return Err(write_error
+                    .unwrap_or_else(|| HttpError::new(format!("{}: no response", self.url))))
             }
         };
         let status = incoming.status();

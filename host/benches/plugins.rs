@@ -19,6 +19,7 @@ use kairos::config::{AllowedHost, Config};
 use kairos::model::{PlanKind, WebhookAction};
 use kairos::outbound::OutboundPolicy;
 use kairos::plugins::registry::UploadLimits;
+use kairos::plugins::runtime::DEFAULT_KEEP_RESIDENT;
 use kairos::plugins::{InvokeContext, PluginRuntime, Registry, RuntimeSettings};
 use kairos::store::Store;
 
@@ -74,6 +75,17 @@ fn start_redis() -> (RedisChild, String) {
     (RedisChild(child), format!("redis://127.0.0.1:{port}"))
 }
 
+/// `redis-benchmark -t zadd` against the bench's Redis: the storage ceiling of the same
+/// machine in the same run, for comparison with the other benchmarks.
+fn redis_ceiling(url: &str) -> String {
+    let port = url.rsplit(':').next().unwrap_or("6379");
+    std::process::Command::new("redis-benchmark")
+        .args(["-p", port, "-t", "zadd", "-c", "64", "-n", "100000", "-q"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).replace('\r', "\n"))
+        .unwrap_or_else(|e| format!("redis-benchmark did not run: {e}"))
+}
+
 fn ctx() -> InvokeContext {
     InvokeContext {
         life_id: "00000000-0000-4000-8000-000000000000".into(),
@@ -114,19 +126,23 @@ async fn run() {
         clock: Arc::new(SystemClock),
         plugins: registry.clone(),
     });
-    let plugins = PluginRuntime::new(
-        registry.clone(),
-        bookings,
-        RuntimeSettings {
-            instances: 256,
-            cache_dir: data.join("plugin-cache"),
-            policy: policy.clone(),
-            client: pooled_client(tls.clone(), Duration::from_secs(5)),
-            response_limit: 64 * 1024,
-            request_timeout: Duration::from_secs(10),
-        },
-    )
-    .unwrap();
+    let make_runtime = |keep_resident: usize, pagemap_scan: bool| {
+        PluginRuntime::new(
+            registry.clone(),
+            bookings.clone(),
+            RuntimeSettings {
+                instances: 256,
+                cache_dir: data.join("plugin-cache"),
+                policy: policy.clone(),
+                client: pooled_client(tls.clone(), Duration::from_secs(5)),
+                response_limit: 64 * 1024,
+                request_timeout: Duration::from_secs(10),
+                keep_resident,
+                pagemap_scan,
+            },
+        )
+        .unwrap()
+    };
     let limits = UploadLimits {
         allowed_hosts: vec![format!("127.0.0.1:{}", sink.port())],
         memory_mb: 64,
@@ -141,67 +157,34 @@ async fn run() {
 
     println!("## Plugin invocations\n");
     println!(
-        "`cargo bench -p kairos --bench plugins`; {} cores; wasmtime 48, pooling allocator, release build.\n",
+        "`cargo bench -p kairos --bench plugins`; {} cores; wasmtime 48, pooling allocator, release build. `keep_resident`: bytes of dirtied linear memory the pool resets in place per instance; PAGEMAP_SCAN: whether it finds those pages with the Linux ioctl (kairos serves with 256 KiB and on).\n",
         std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)
     );
-    let (pre, meta) = plugins.preload("noop").await.unwrap();
-    let input = "null";
-    // Warm up: slots, caches, the allocator.
-    for _ in 0..2_000 {
-        let r = plugins.invoke_loaded(&pre, &meta, &ctx(), input).await;
-        assert!(r.result.is_ok(), "{:?}", r.result);
+    println!("| no-op invocation (fresh store + instantiate + call + drop) | keep_resident | PAGEMAP_SCAN | p50 | p99 | invocations/s |");
+    println!("|---|---|---|---|---|---|");
+    // `KAIROS_BENCH_POOL=65536:0,1048576:1` picks the (keep_resident, pagemap) pairs.
+    let settings: Vec<(usize, bool)> = match std::env::var("KAIROS_BENCH_POOL") {
+        Ok(list) => list
+            .split(',')
+            .map(|s| {
+                let (k, p) = s.trim().split_once(':').unwrap();
+                (k.parse().unwrap(), p == "1")
+            })
+            .collect(),
+        Err(_) => vec![
+            (0, false),
+            (64 << 10, false),
+            (1 << 20, false),
+            (64 << 10, true),
+            (DEFAULT_KEEP_RESIDENT, true),
+            (2 << 20, true),
+        ],
+    };
+    for (keep, pagemap) in settings {
+        let plugins = make_runtime(keep, pagemap);
+        noop_rows(&plugins, keep, pagemap).await;
     }
-
-    let n = 20_000;
-    let mut times = Vec::with_capacity(n);
-    let started = Instant::now();
-    for _ in 0..n {
-        let t = Instant::now();
-        let r = plugins.invoke_loaded(&pre, &meta, &ctx(), input).await;
-        times.push(t.elapsed());
-        assert!(r.result.is_ok());
-    }
-    let rate = n as f64 / started.elapsed().as_secs_f64();
-    times.sort();
-    println!("| no-op invocation (fresh store + instantiate + call + drop) | p50 | p99 | invocations/s |");
-    println!("|---|---|---|---|");
-    println!(
-        "| one task, sequential | {:.1} µs | {:.1} µs | {rate:.0} |",
-        percentile(&times, 0.5),
-        percentile(&times, 0.99)
-    );
-
-    for callers in [2usize, 64] {
-        let per = 40_000 / callers;
-        let started = Instant::now();
-        let mut tasks = Vec::new();
-        for _ in 0..callers {
-            let plugins = plugins.clone();
-            let pre = pre.clone();
-            let meta = meta.clone();
-            tasks.push(tokio::spawn(async move {
-                let mut times = Vec::with_capacity(per);
-                for _ in 0..per {
-                    let t = Instant::now();
-                    let r = plugins.invoke_loaded(&pre, &meta, &ctx(), "null").await;
-                    times.push(t.elapsed());
-                    assert!(r.result.is_ok());
-                }
-                times
-            }));
-        }
-        let mut times = Vec::new();
-        for t in tasks {
-            times.extend(t.await.unwrap());
-        }
-        let rate = times.len() as f64 / started.elapsed().as_secs_f64();
-        times.sort();
-        println!(
-            "| {callers} concurrent tasks on 2 worker threads | {:.1} µs | {:.1} µs | {rate:.0} |",
-            percentile(&times, 0.5),
-            percentile(&times, 0.99)
-        );
-    }
+    let plugins = make_runtime(DEFAULT_KEEP_RESIDENT, true);
 
     // HTTP: the same POST through a plugin and through the webhook agent.
     let target = format!("http://127.0.0.1:{}/bench", sink.port());
@@ -236,11 +219,10 @@ async fn run() {
     };
     let n = 5_000;
     for _ in 0..500 {
-        assert!(plugins
+        let r = plugins
             .invoke_loaded(&fwd, &fwd_meta, &ctx(), &fwd_input)
-            .await
-            .result
-            .is_ok());
+            .await;
+        assert!(r.result.is_ok(), "{:?} {:?}", r.result, r.logs);
         assert!(webhook.call(&action, &call_ctx).await.is_success());
     }
     let mut plugin_times = Vec::with_capacity(n);
@@ -270,7 +252,75 @@ async fn run() {
         percentile(&plugin_times, 0.5),
         percentile(&plugin_times, 0.99)
     );
+    println!(
+        "\nStorage ceiling, same machine and run (`redis-benchmark -t zadd -c 64`): {}",
+        redis_ceiling(&url)
+            .lines()
+            .rfind(|l| l.contains("requests per second"))
+            .unwrap_or("")
+    );
     let _ = std::fs::remove_dir_all(&data);
+}
+
+async fn noop_rows(plugins: &Arc<PluginRuntime>, keep_resident: usize, pagemap: bool) {
+    let kib = keep_resident / 1024;
+    let scan = if pagemap { "on" } else { "off" };
+    let (pre, meta) = plugins.preload("noop").await.unwrap();
+    let input = "null";
+    // Warm up: slots, caches, the allocator.
+    for _ in 0..2_000 {
+        let r = plugins.invoke_loaded(&pre, &meta, &ctx(), input).await;
+        assert!(r.result.is_ok(), "{:?}", r.result);
+    }
+
+    let n = 20_000;
+    let mut times = Vec::with_capacity(n);
+    let started = Instant::now();
+    for _ in 0..n {
+        let t = Instant::now();
+        let r = plugins.invoke_loaded(&pre, &meta, &ctx(), input).await;
+        times.push(t.elapsed());
+        assert!(r.result.is_ok());
+    }
+    let rate = n as f64 / started.elapsed().as_secs_f64();
+    times.sort();
+    println!(
+        "| one task, sequential | {kib} KiB | {scan} | {:.1} µs | {:.1} µs | {rate:.0} |",
+        percentile(&times, 0.5),
+        percentile(&times, 0.99)
+    );
+
+    for callers in [2usize, 64] {
+        let per = 40_000 / callers;
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..callers {
+            let plugins = plugins.clone();
+            let pre = pre.clone();
+            let meta = meta.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut times = Vec::with_capacity(per);
+                for _ in 0..per {
+                    let t = Instant::now();
+                    let r = plugins.invoke_loaded(&pre, &meta, &ctx(), "null").await;
+                    times.push(t.elapsed());
+                    assert!(r.result.is_ok());
+                }
+                times
+            }));
+        }
+        let mut times = Vec::new();
+        for t in tasks {
+            times.extend(t.await.unwrap());
+        }
+        let rate = times.len() as f64 / started.elapsed().as_secs_f64();
+        times.sort();
+        println!(
+            "| {callers} concurrent tasks on 2 worker threads | {kib} KiB | {scan} | {:.1} µs | {:.1} µs | {rate:.0} |",
+            percentile(&times, 0.5),
+            percentile(&times, 0.99)
+        );
+    }
 }
 
 async fn start_sink() -> std::net::SocketAddr {

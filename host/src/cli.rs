@@ -71,6 +71,43 @@ pub enum ClientCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Manage WebAssembly plugins (/plugins).
+    Plugins {
+        #[command(subcommand)]
+        command: PluginsCommand,
+    },
+}
+
+/// `kairos plugins ...`
+#[derive(Debug, Subcommand)]
+pub enum PluginsCommand {
+    /// List registered plugins with their latest version.
+    Ls,
+    /// Show a plugin and all its versions.
+    Show { name: String },
+    /// Upload a component (a .wasm built for wasm32-wasip2) as a new version of `name`.
+    Upload {
+        name: String,
+        /// The component file.
+        file: String,
+        /// Hosts the plugin may call: `host` or `host:port`, comma separated; `*` for any
+        /// public address.
+        #[arg(long)]
+        allowed_hosts: Option<String>,
+        /// Memory cap in MiB (1..=1024).
+        #[arg(long)]
+        memory_mb: Option<u32>,
+        /// Wall-time limit per run (`10s`, `500ms`).
+        #[arg(long)]
+        timeout: Option<String>,
+    },
+    /// Delete a plugin and all its versions (refused while unfinished Lives use it).
+    Delete {
+        name: String,
+        /// Delete even though Lives still use it (they fail when they fire).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 struct Api {
@@ -101,13 +138,23 @@ impl Api {
         path: &str,
         body: Option<Vec<u8>>,
     ) -> anyhow::Result<Value> {
+        self.send(method, path, body, "application/json").await
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        content_type: &str,
+    ) -> anyhow::Result<Value> {
         let url = format!("{}{}", self.target.server.trim_end_matches('/'), path);
         let mut request = Request::builder().method(method).uri(&url);
         if let Some(token) = &self.target.token {
             request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
         }
         if body.is_some() {
-            request = request.header(header::CONTENT_TYPE, "application/json");
+            request = request.header(header::CONTENT_TYPE, content_type);
         }
         let request = request
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
@@ -158,6 +205,75 @@ fn print_json(value: &Value) {
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_default()
     );
+}
+
+async fn plugins(api: &Api, command: PluginsCommand) -> anyhow::Result<()> {
+    match command {
+        PluginsCommand::Ls => {
+            let list = api.call(Method::GET, "/plugins", None).await?;
+            println!(
+                "{:<24} {:>7} {:>9} {:>6} {:>9}  {:<25} ALLOWED HOSTS",
+                "NAME", "VERSION", "SIZE", "MEMORY", "TIMEOUT", "UPLOADED"
+            );
+            for p in list["plugins"].as_array().into_iter().flatten() {
+                let hosts: Vec<&str> = p["allowed_hosts"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect();
+                println!(
+                    "{:<24} {:>7} {:>9} {:>4}Mi {:>7}ms  {:<25} {}",
+                    p["name"].as_str().unwrap_or("-"),
+                    p["version"],
+                    p["size"],
+                    p["memory_mb"],
+                    p["timeout_ms"],
+                    p["uploaded_at"].as_str().unwrap_or("-"),
+                    if hosts.is_empty() {
+                        "-".to_string()
+                    } else {
+                        hosts.join(",")
+                    }
+                );
+            }
+        }
+        PluginsCommand::Show { name } => print_json(
+            &api.call(Method::GET, &format!("/plugins/{}", encode(&name)), None)
+                .await?,
+        ),
+        PluginsCommand::Upload {
+            name,
+            file,
+            allowed_hosts,
+            memory_mb,
+            timeout,
+        } => {
+            let bytes = std::fs::read(&file).with_context(|| format!("cannot read {file}"))?;
+            let path = format!(
+                "/plugins/{}{}",
+                encode(&name),
+                query(&[
+                    ("allowed_hosts", allowed_hosts),
+                    ("memory_mb", memory_mb.map(|m| m.to_string())),
+                    ("timeout", timeout),
+                ])
+            );
+            print_json(
+                &api.send(Method::PUT, &path, Some(bytes), "application/wasm")
+                    .await?,
+            );
+        }
+        PluginsCommand::Delete { name, force } => {
+            let path = format!(
+                "/plugins/{}{}",
+                encode(&name),
+                if force { "?force=true" } else { "" }
+            );
+            print_json(&api.call(Method::DELETE, &path, None).await?);
+        }
+    }
+    Ok(())
 }
 
 /// Runs one client command.
@@ -237,6 +353,7 @@ pub async fn run(target: Target, command: ClientCommand) -> anyhow::Result<()> {
                 }
             }
         }
+        ClientCommand::Plugins { command } => plugins(&api, command).await?,
         ClientCommand::Show { life_uuid } => {
             print_json(
                 &api.call(

@@ -74,6 +74,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             client: crate::actions::webhook::pooled_client(tls.clone(), config.connect_timeout),
             response_limit: config.response_body_limit,
             request_timeout: config.request_timeout,
+            keep_resident: crate::plugins::runtime::DEFAULT_KEEP_RESIDENT,
+            pagemap_scan: true,
         },
     )
     .context("cannot start the plugin runtime")?;

@@ -109,3 +109,61 @@ async fn the_cli_books_lists_shows_and_cancels() {
     assert_eq!(code, 0, "{err}");
     assert!(out.contains("Stillbirth"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_uploads_lists_shows_and_deletes_plugins() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--api-tokens", "root:admin,ops:book")]),
+    );
+    let dir = TempDir::new("cli-plugin");
+    let file = dir.0.join("noop.wasm");
+    std::fs::write(&file, plugin_wasm("noop")).unwrap();
+    let file = file.display().to_string();
+
+    // Uploading needs the admin scope.
+    let (code, _, err) = kairos(&host, "ops", &["plugins", "upload", "noop", &file], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("403"), "{err}");
+    let (code, out, err) = kairos(
+        &host,
+        "root",
+        &[
+            "plugins",
+            "upload",
+            "noop",
+            &file,
+            "--allowed-hosts",
+            "api.example.com,127.0.0.1:9000",
+            "--memory-mb",
+            "16",
+            "--timeout",
+            "2s",
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let meta: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(meta["version"], 1);
+    assert_eq!(meta["memory_mb"], 16);
+    assert_eq!(meta["timeout_ms"], 2000);
+
+    let (code, out, err) = kairos(&host, "ops", &["plugins", "ls"], None);
+    assert_eq!(code, 0, "{err}");
+    let row = out.lines().nth(1).expect("one plugin row");
+    assert!(row.starts_with("noop "), "{out}");
+    assert!(row.contains("api.example.com,127.0.0.1:9000"), "{out}");
+
+    let (code, out, _) = kairos(&host, "ops", &["plugins", "show", "noop"], None);
+    assert_eq!(code, 0);
+    let shown: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(shown["versions"].as_array().unwrap().len(), 1);
+
+    let (code, _, err) = kairos(&host, "root", &["plugins", "delete", "noop"], None);
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = kairos(&host, "ops", &["plugins", "show", "noop"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("404"), "{err}");
+}

@@ -585,11 +585,21 @@ async fn a_plugin_in_use_is_not_deleted_unless_forced() {
         &plugin_point(orphan, now_ms() + 1_500, "other", json!(null)),
     )
     .await;
+    // A Life that takes the plugin on by PATCH holds it too.
+    let patched = "7f000000-0000-4000-8000-000000000704";
+    book(&api, &point(patched, now_ms() + 3_600_000, hook("x"))).await;
+    let (status, reply) = api
+        .patch(
+            &format!("/schedules/{patched}"),
+            &json!({"birth": {"plugin": "other", "input": null}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
     let (status, _) = api.delete("/plugins/other").await;
     assert_eq!(status, 409);
     let (status, reply) = api.delete("/plugins/other?force=true").await;
     assert_eq!(status, 200);
-    assert_eq!(reply["unfinished_lives"], 1);
+    assert_eq!(reply["unfinished_lives"], 2);
     let life = wait_finished(&api, orphan).await;
     assert_eq!(state(&life), "Stillbirth");
     assert!(only_run(&life)["error"]

@@ -46,7 +46,16 @@ pub struct RuntimeSettings {
     pub client: PluginClient,
     pub response_limit: usize,
     pub request_timeout: Duration,
+    /// Bytes of each linear memory and table the pool resets in place instead of
+    /// returning to the kernel; see `engine_config`.
+    pub keep_resident: usize,
+    /// Find the pages a run dirtied with Linux's PAGEMAP_SCAN (6.7+) and reset only
+    /// those; falls back to plain memset + madvise on older kernels.
+    pub pagemap_scan: bool,
 }
+
+/// The measured best `keep_resident` on the 2-core machine (BENCHMARKS.md).
+pub const DEFAULT_KEEP_RESIDENT: usize = 2 << 20;
 
 /// The firing that runs a plugin.
 #[derive(Debug, Clone)]
@@ -119,7 +128,7 @@ pub struct PluginRuntime {
 }
 
 /// The engine configuration every host uses; also what compiled artifacts must match.
-fn engine_config(instances: u32) -> Config {
+fn engine_config(instances: u32, keep_resident: usize, pagemap_scan: bool) -> Config {
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(instances)
         // A Rust component has a handful of core instances and tables, one memory.
@@ -128,12 +137,17 @@ fn engine_config(instances: u32) -> Config {
         .total_tables(instances * 8)
         .total_stacks(instances)
         .max_memory_size(MAX_MEMORY_MB as usize * 1024 * 1024)
-        // Keeping the first pages of a slot resident skips the madvise/page-fault
-        // round trip for every invocation; these calls take the process-wide mmap lock,
-        // which is what made concurrent invocations slower than sequential ones.
-        .linear_memory_keep_resident(1024 * 1024)
-        .table_keep_resident(64 * 1024)
-        .async_stack_keep_resident(128 * 1024);
+        // Resetting the first bytes of a slot in place (memset) instead of madvise +
+        // page faults on reuse: those take the process-wide mmap lock and shoot down
+        // TLBs on every core, which serialises concurrent invocations.
+        .linear_memory_keep_resident(keep_resident)
+        .table_keep_resident(keep_resident)
+        .async_stack_keep_resident(keep_resident.min(256 * 1024))
+        .pagemap_scan(if pagemap_scan {
+            wasmtime::Enabled::Auto
+        } else {
+            wasmtime::Enabled::No
+        });
     let mut config = Config::new();
     config
         .wasm_component_model(true)
@@ -148,8 +162,12 @@ impl PluginRuntime {
         bookings: Arc<Bookings>,
         settings: RuntimeSettings,
     ) -> anyhow::Result<Arc<PluginRuntime>> {
-        let engine = Engine::new(&engine_config(settings.instances))
-            .map_err(|e| anyhow::anyhow!("wasmtime engine: {e}"))?;
+        let engine = Engine::new(&engine_config(
+            settings.instances,
+            settings.keep_resident,
+            settings.pagemap_scan,
+        ))
+        .map_err(|e| anyhow::anyhow!("wasmtime engine: {e}"))?;
         let mut linker = Linker::<Sandbox>::new(&engine);
         let link = |r: wasmtime::Result<()>| r.map_err(|e| anyhow::anyhow!("linking: {e}"));
         link(wasmtime_wasi::p2::add_to_linker_async(&mut linker))?;

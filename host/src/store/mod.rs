@@ -419,16 +419,19 @@ impl Store {
         let resource_changed = current.resource_id != merged.resource_id;
         let new_rid = merged.resource_id.as_deref().unwrap_or("");
         let mut conn = self.conn.clone();
-        let reply: Vec<String> = self
-            .scripts
-            .patch
+        let mut invocation = self.scripts.patch.prepare_invoke();
+        invocation
             .key(k.life(uuid))
             .key(k.plan_of(uuid, PlanKind::Birth))
             .key(k.plan_of(uuid, PlanKind::Death))
             .key(k.due())
             .key(k.lives())
             .key(k.resource(current.resource_id.as_deref().unwrap_or("")))
-            .key(k.resource(new_rid))
+            .key(k.resource(new_rid));
+        for name in plugin_names(merged) {
+            invocation.key(k.plugin_lives(name));
+        }
+        let reply: Vec<String> = invocation
             .arg(&k.prefix)
             .arg(uuid)
             .arg(version)

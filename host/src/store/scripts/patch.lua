@@ -1,7 +1,8 @@
 -- patch: moves times, changes actions or the resource of a Life whose changed Plans have
 -- not started (Standby, or Preset: then taken back from the host that holds it).
 -- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due, 5 lives, 6 old resource index,
---       7 new resource index
+--       7 new resource index, 8.. the `plugin:{name}:lives` sets of the plugins the
+--       new actions use
 -- ARGV: 1 prefix, 2 uuid, 3 expected version, 4 new resource_id ('' = none),
 --       5 birth_ms, 6 birth_rfc, 7 death_ms ('' for point), 8 death_rfc,
 --       9 birth action JSON, 10 death action JSON, 11 now_ms, 12 guard_ms,
@@ -66,4 +67,5 @@ if resource_changed or birth_changed then
 end
 redis.call('HINCRBY', KEYS[1], 'version', 1)
 redis.call('HSET', KEYS[1], 'updated_at_ms', ARGV[11])
+for i = 8, #KEYS do redis.call('SADD', KEYS[i], uuid) end
 return {'ok'}
