@@ -76,8 +76,10 @@ pub enum Failure {
     Trap(String),
     /// The wall-time deadline passed.
     Timeout(u64),
-    /// The plugin could not be found, loaded or instantiated.
+    /// The plugin could not be found or compiled.
     Setup(String),
+    /// Redis could not be read: worth a retry.
+    Unavailable(String),
 }
 
 impl Failure {
@@ -87,7 +89,7 @@ impl Failure {
             Failure::Plugin {
                 retryable: true,
                 ..
-            }
+            } | Failure::Unavailable(_)
         )
     }
 
@@ -98,7 +100,7 @@ impl Failure {
             Failure::Timeout(ms) => {
                 format!("plugin {plugin} ran past its {ms} ms deadline and was stopped")
             }
-            Failure::Setup(why) => format!("plugin {plugin}: {why}"),
+            Failure::Setup(why) | Failure::Unavailable(why) => format!("plugin {plugin}: {why}"),
         }
     }
 }
@@ -258,7 +260,7 @@ impl PluginRuntime {
     }
 
     /// The pre-linked component of a digest: from memory, the disk cache, or Redis.
-    async fn load(&self, digest: &str) -> Result<ActionPre<Sandbox>, String> {
+    async fn load(&self, digest: &str) -> Result<ActionPre<Sandbox>, Failure> {
         let cell = self
             .loaded
             .lock()
@@ -271,7 +273,7 @@ impl PluginRuntime {
             .cloned()
     }
 
-    async fn load_uncached(&self, digest: &str) -> Result<ActionPre<Sandbox>, String> {
+    async fn load_uncached(&self, digest: &str) -> Result<ActionPre<Sandbox>, Failure> {
         let path = self.cache_path(digest);
         let engine = self.engine.clone();
         let cached = tokio::task::spawn_blocking({
@@ -291,8 +293,12 @@ impl PluginRuntime {
                     .registry
                     .bytes(digest)
                     .await
-                    .map_err(|e| format!("cannot read the component: {}", e.message))?
-                    .ok_or_else(|| "its component bytes are gone from Redis".to_string())?;
+                    .map_err(|e| {
+                        Failure::Unavailable(format!("cannot read the component: {}", e.message))
+                    })?
+                    .ok_or_else(|| {
+                        Failure::Setup("its component bytes are gone from Redis".to_string())
+                    })?;
                 let engine = self.engine.clone();
                 tokio::task::spawn_blocking(move || {
                     let component = Component::new(&engine, &bytes)?;
@@ -306,11 +312,11 @@ impl PluginRuntime {
                     Ok::<_, wasmtime::Error>(component)
                 })
                 .await
-                .map_err(|e| format!("compilation did not finish: {e}"))?
-                .map_err(|e| format!("cannot compile: {}", root(&e)))?
+                .map_err(|e| Failure::Setup(format!("compilation did not finish: {e}")))?
+                .map_err(|e| Failure::Setup(format!("cannot compile: {}", root(&e))))?
             }
         };
-        self.prelink(&component)
+        self.prelink(&component).map_err(Failure::Setup)
     }
 
     fn allowed_hosts(&self, meta: &PluginMeta) -> Arc<Vec<AllowedHost>> {
@@ -335,18 +341,23 @@ impl PluginRuntime {
         input: &str,
         timeout_ms: Option<u64>,
     ) -> Invocation {
-        let setup = |why: String| Invocation {
-            result: Err(Failure::Setup(why)),
+        let failed = |failure: Failure| Invocation {
+            result: Err(failure),
             logs: Vec::new(),
         };
         let mut meta = match self.registry.resolve(spec).await {
             Ok(Some(meta)) => meta,
-            Ok(None) => return setup(format!("no plugin `{spec}` is registered")),
-            Err(e) => return setup(format!("cannot read the registry: {}", e.message)),
+            Ok(None) => return failed(Failure::Setup(format!("no plugin `{spec}` is registered"))),
+            Err(e) => {
+                return failed(Failure::Unavailable(format!(
+                    "cannot read the registry: {}",
+                    e.message
+                )))
+            }
         };
         let pre = match self.load(&meta.digest).await {
             Ok(pre) => pre,
-            Err(why) => return setup(why),
+            Err(failure) => return failed(failure),
         };
         if let Some(t) = timeout_ms {
             meta.timeout_ms = meta.timeout_ms.min(t.max(1));
@@ -430,7 +441,8 @@ impl PluginRuntime {
             .await
             .map_err(|e| e.message)?
             .ok_or_else(|| format!("no plugin `{spec}`"))?;
-        Ok((self.load(&meta.digest).await?, meta))
+        let pre = self.load(&meta.digest).await.map_err(|f| f.message(spec))?;
+        Ok((pre, meta))
     }
 }
 
@@ -441,4 +453,27 @@ fn root(e: &wasmtime::Error) -> String {
         text = format!("{trap}");
     }
     text.lines().next().unwrap_or_default().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Failure;
+
+    #[test]
+    fn only_a_plugin_asking_for_it_or_an_unreachable_redis_is_retried() {
+        let plugin = |retryable| Failure::Plugin {
+            message: "m".into(),
+            retryable,
+        };
+        assert!(plugin(true).retryable());
+        assert!(!plugin(false).retryable());
+        assert!(Failure::Unavailable("redis".into()).retryable());
+        assert!(!Failure::Setup("no plugin".into()).retryable());
+        assert!(!Failure::Trap("unreachable".into()).retryable());
+        assert!(!Failure::Timeout(100).retryable());
+        assert_eq!(
+            Failure::Timeout(100).message("loop"),
+            "plugin loop ran past its 100 ms deadline and was stopped"
+        );
+    }
 }

@@ -6,6 +6,10 @@
 //! `every_seconds` after this run was due, with `step + 1`. Output: `{"step": 1,
 //! "next_life_id": "..."}` (`null` after the last step).
 //!
+//! Each follow-up is a booking like any other, so `every_seconds` must leave at least the
+//! host's `execution_guard_time` (30 s by default) between steps; a shorter one is
+//! refused with `too_soon` and fails the run.
+//!
 //! The chain lives in the bookings themselves: each step is an ordinary Life that can be
 //! listed, shown and cancelled, and a host crash between steps loses nothing.
 
