@@ -29,6 +29,7 @@ pub mod managed_redis;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+pub mod schedule;
 pub mod scheduler;
 pub mod server;
 pub mod store;
