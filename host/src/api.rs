@@ -35,7 +35,7 @@ pub struct App {
 type Shared = Arc<App>;
 
 impl App {
-    fn rules(&self, now_ms: i64) -> Rules<'static> {
+    pub(crate) fn rules(&self, now_ms: i64) -> Rules<'static> {
         Rules {
             timezone: self.config.timezone,
             minimum_life_term_ms: self.config.minimum_life_term.as_millis() as i64,
@@ -75,7 +75,7 @@ impl App {
     }
 
     /// Bookings due before this are announced to the schedulers at once.
-    fn notify_before_ms(&self, now_ms: i64) -> i64 {
+    pub(crate) fn notify_before_ms(&self, now_ms: i64) -> i64 {
         now_ms + self.config.preset_execution_time.as_millis() as i64
     }
 }
@@ -92,6 +92,8 @@ pub fn router(app: Shared) -> Router {
                 .delete(cancel_schedule),
         )
         .route("/defer/{*path}", any(defer_request))
+        .merge(crate::timers::routes())
+        .merge(crate::queues::routes())
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -107,7 +109,12 @@ pub fn router(app: Shared) -> Router {
 fn required_scope(method: &Method, path: &str) -> Scope {
     if method == Method::GET || method == Method::HEAD {
         Scope::Read
-    } else if path.starts_with("/schedules") || path.starts_with("/defer") {
+    } else if path.starts_with("/schedules")
+        || path.starts_with("/defer")
+        || crate::queues::is_task_path(path)
+    {
+        // Adding, deleting and running queue tasks is booking work; defining queues and
+        // timers is administration.
         Scope::Book
     } else {
         Scope::Admin
@@ -170,7 +177,10 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Turns the body extractor's refusal into the spec's error body (413 for a body over
 /// the limit).
-fn body_bytes(body: Result<Bytes, BytesRejection>, limit: usize) -> Result<Bytes, ApiError> {
+pub(crate) fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
     body.map_err(|rejection| {
         if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
@@ -509,6 +519,20 @@ mod tests {
         assert_eq!(required_scope(&Method::POST, "/schedules"), Scope::Book);
         assert_eq!(required_scope(&Method::DELETE, "/schedules/x"), Scope::Book);
         assert_eq!(required_scope(&Method::PUT, "/plugins/x"), Scope::Admin);
+        assert_eq!(
+            required_scope(&Method::POST, "/queues/q/tasks"),
+            Scope::Book
+        );
+        assert_eq!(
+            required_scope(&Method::POST, "/queues/q/tasks/t/run"),
+            Scope::Book
+        );
+        assert_eq!(
+            required_scope(&Method::POST, "/queues/q/purge"),
+            Scope::Admin
+        );
+        assert_eq!(required_scope(&Method::PUT, "/queues/q"), Scope::Admin);
+        assert_eq!(required_scope(&Method::POST, "/timers"), Scope::Admin);
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));

@@ -18,6 +18,14 @@
 //!   `run:{plan}:{attempt}` (JSON) of its Life hash, which is the Life's history.
 //!   `finished` (sorted set, score = finish time): Lives to sweep after retention.
 //!   `notify` (pub/sub channel): a Plan became due within the look-ahead window.
+//! - Timers (`timers.rs`) and queues (`queues.rs`) add their own keys; their Plans go
+//!   through the same `due`, `held:{host}`, `claim` and `start_run` as a Life's.
+
+mod queues;
+mod timers;
+
+pub use queues::{NewTask, QueueCounts};
+pub use timers::{NextRun, TimerFinish, TimerPut, TIMER_RUNS_KEPT};
 
 use std::collections::HashMap;
 
@@ -29,7 +37,7 @@ use serde_json::{json, Map, Value};
 
 use crate::booking::NewLife;
 use crate::error::ApiError;
-use crate::model::{Action, PlanKind, ScheduleType};
+use crate::model::{Action, PlanKind, RunOpts, ScheduleType};
 
 /// Builds key names under one prefix.
 #[derive(Debug, Clone)]
@@ -99,6 +107,15 @@ struct Scripts {
     reclaim: Script,
     release: Script,
     sweep: Script,
+    timer_put: Script,
+    timer_run: Script,
+    timer_delete: Script,
+    finish_timer: Script,
+    queue_put: Script,
+    queue_purge: Script,
+    task_add: Script,
+    task_change: Script,
+    finish_task: Script,
 }
 
 fn script(body: &str) -> Script {
@@ -117,6 +134,15 @@ impl Scripts {
             reclaim: script(include_str!("scripts/reclaim.lua")),
             release: script(include_str!("scripts/release.lua")),
             sweep: script(include_str!("scripts/sweep.lua")),
+            timer_put: script(include_str!("scripts/timer_put.lua")),
+            timer_run: script(include_str!("scripts/timer_run.lua")),
+            timer_delete: script(include_str!("scripts/timer_delete.lua")),
+            finish_timer: script(include_str!("scripts/finish_timer.lua")),
+            queue_put: script(include_str!("scripts/queue_put.lua")),
+            queue_purge: script(include_str!("scripts/queue_purge.lua")),
+            task_add: script(include_str!("scripts/task_add.lua")),
+            task_change: script(include_str!("scripts/task_change.lua")),
+            finish_task: script(include_str!("scripts/finish_task.lua")),
         }
     }
 }
@@ -131,6 +157,19 @@ pub struct Claimed {
     pub action: String,
     pub attempts: u32,
     pub resource_id: Option<String>,
+    /// A timer's priority, retries and timeout (default for Lives and tasks).
+    pub opts: RunOpts,
+}
+
+/// Whose Plan a claimed Plan is, from its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner<'a> {
+    /// `{uuid}:{birth|death}`.
+    Life(&'a str, PlanKind),
+    /// `{name}:timer`.
+    Timer(&'a str),
+    /// `{queue}/{task}:task`.
+    Task { queue: &'a str, task: &'a str },
 }
 
 impl Claimed {
@@ -138,6 +177,19 @@ impl Claimed {
     pub fn life_and_kind(&self) -> Option<(&str, PlanKind)> {
         let (uuid, kind) = self.plan_id.rsplit_once(':')?;
         Some((uuid, kind.parse().ok()?))
+    }
+
+    /// Whose Plan this is.
+    pub fn owner(&self) -> Option<Owner<'_>> {
+        let (head, kind) = self.plan_id.rsplit_once(':')?;
+        match kind {
+            "timer" => Some(Owner::Timer(head)),
+            "task" => {
+                let (queue, task) = head.split_once('/')?;
+                Some(Owner::Task { queue, task })
+            }
+            other => Some(Owner::Life(head, other.parse().ok()?)),
+        }
     }
 }
 
@@ -152,6 +204,9 @@ pub enum StartOutcome {
     Busy,
     /// A birth missed by more than birth_delay_limit_time; recorded, nothing to run.
     Invalidated,
+    /// A queue task its queue does not admit yet (paused, rate, max_concurrent): try
+    /// again after this many ms.
+    Wait { retry_in_ms: i64 },
 }
 
 /// How a run ended, as `finish_run` records it.
@@ -701,7 +756,8 @@ impl Store {
     ) -> redis::RedisResult<Vec<Claimed>> {
         let k = &self.keys;
         let mut conn = self.conn.clone();
-        let rows: Vec<(String, String, String, String, String, String)> = self
+        #[allow(clippy::type_complexity)]
+        let rows: Vec<(String, String, String, String, String, String, String)> = self
             .scripts
             .claim
             .key(k.due())
@@ -716,14 +772,21 @@ impl Store {
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(plan_id, fire, claim, action, attempts, rid)| Claimed {
-                plan_id,
-                fire_at_ms: fire.parse::<f64>().map(|f| f as i64).unwrap_or(0),
-                claim,
-                action,
-                attempts: attempts.parse().unwrap_or(0),
-                resource_id: (!rid.is_empty()).then_some(rid),
-            })
+            .map(
+                |(plan_id, fire, claim, action, attempts, rid, opts)| Claimed {
+                    plan_id,
+                    fire_at_ms: fire.parse::<f64>().map(|f| f as i64).unwrap_or(0),
+                    claim,
+                    action,
+                    attempts: attempts.parse().unwrap_or(0),
+                    resource_id: (!rid.is_empty()).then_some(rid),
+                    opts: if opts.is_empty() {
+                        RunOpts::default()
+                    } else {
+                        serde_json::from_str(&opts).unwrap_or_default()
+                    },
+                },
+            )
             .collect())
     }
 
@@ -759,6 +822,9 @@ impl Store {
             .map(|r| match r.as_str() {
                 "busy" => StartOutcome::Busy,
                 "invalidated" => StartOutcome::Invalidated,
+                other if other.starts_with("wait:") => StartOutcome::Wait {
+                    retry_in_ms: other[5..].parse().unwrap_or(50),
+                },
                 other => match other.strip_prefix("run:").and_then(|a| a.parse().ok()) {
                     Some(attempts) => StartOutcome::Run { attempts },
                     None => StartOutcome::Lost,
@@ -801,21 +867,7 @@ impl Store {
                 .life_and_kind()
                 .map(|(_, k)| k.as_str())
                 .unwrap_or("birth");
-            let mut record = json!({
-                "plan": kind,
-                "attempt": r.attempt,
-                "should_run_at": r.should_run_at_ms,
-                "started_at": r.started_at_ms,
-                "duration_ms": r.duration_ms,
-                "host": host,
-                "outcome": r.outcome,
-            });
-            if let Some(status) = r.status {
-                record["status"] = Value::from(status);
-            }
-            if let Some(error) = &r.error {
-                record["error"] = Value::from(error.as_str());
-            }
+            let record = run_record_json(host, kind, r);
             // The RFC 3339 form is needed only where the script writes a new fire time.
             let next_rfc = if matches!(run.outcome, RunOutcome::Retry { .. }) {
                 self.fmt(next_ms)
@@ -945,6 +997,26 @@ impl Store {
             .invoke_async(&mut conn)
             .await
     }
+}
+
+/// A run as written to history: the same JSON for Lives, timers and tasks.
+pub(crate) fn run_record_json(host: &str, plan: &str, r: &RunRecord) -> Value {
+    let mut record = json!({
+        "plan": plan,
+        "attempt": r.attempt,
+        "should_run_at": r.should_run_at_ms,
+        "started_at": r.started_at_ms,
+        "duration_ms": r.duration_ms,
+        "host": host,
+        "outcome": r.outcome,
+    });
+    if let Some(status) = r.status {
+        record["status"] = Value::from(status);
+    }
+    if let Some(error) = &r.error {
+        record["error"] = Value::from(error.as_str());
+    }
+    record
 }
 
 fn conflict_error(rid: &str, other: Option<&String>) -> ApiError {

@@ -8,9 +8,40 @@
 -- ARGV: 1 prefix, 2 host, 3 now_ms, 4 birth_delay_limit_ms, 5 runs stream max length,
 --       then per Plan:
 --       plan_id, claim, lock ttl ms
--- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'invalidated'
+-- A queue task (`{queue}/{task}:task`) must also be admitted by its queue: not paused,
+-- fewer than max_concurrent of its tasks running (a set in Redis, so the bound holds
+-- across all hosts), and a token in its bucket (refilled at `rate` per second up to
+-- `bucket_size`). When it is not, the reply says how long to wait.
+-- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'invalidated' | 'wait:{ms}'
 local host, now_ms, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
+
+-- 0 when the task may run now (its token taken and its run counted), else ms to wait.
+local PAUSED_WAIT_MS, CONCURRENCY_WAIT_MS = 500, 20
+local function admit_task(queue, member)
+  local qk = PREFIX .. 'queue:' .. queue
+  local d = redis.call('HMGET', qk, 'state', 'rate', 'bucket_size', 'max_concurrent', 'tokens', 'tokens_at_ms')
+  if d[1] == 'paused' then return PAUSED_WAIT_MS end
+  local running = qk .. ':running'
+  local max_concurrent = tonumber(d[4]) or 0
+  if max_concurrent > 0 and redis.call('SCARD', running) >= max_concurrent then
+    return CONCURRENCY_WAIT_MS
+  end
+  local rate = tonumber(d[2]) or 0
+  if rate > 0 then
+    local bucket = math.max(tonumber(d[3]) or 1, 1)
+    local tokens = tonumber(d[5]) or bucket
+    local elapsed = math.max(now_ms - (tonumber(d[6]) or now_ms), 0)
+    tokens = math.min(bucket, tokens + elapsed * rate / 1000)
+    if tokens < 1 then
+      redis.call('HSET', qk, 'tokens', tostring(tokens), 'tokens_at_ms', now_ms)
+      return math.max(math.ceil((1 - tokens) * 1000 / rate), 1)
+    end
+    redis.call('HSET', qk, 'tokens', tostring(tokens - 1), 'tokens_at_ms', now_ms)
+  end
+  redis.call('SADD', running, member)
+  return 0
+end
 for i = 6, #ARGV, 3 do
   local plan_id, claim, lock_ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
@@ -34,8 +65,12 @@ for i = 6, #ARGV, 3 do
       'outcome', 'invalidated', 'record', record)
     result = 'invalidated'
   else
-    local free = true
-    if f[5] then
+    local free, wait = true, 0
+    local queue = task_queue(plan_id)
+    if queue then wait = admit_task(queue, plan_id .. '#' .. claim) end
+    if wait > 0 then
+      free = false
+    elseif f[5] then
       -- The lock names the claim, not only the Plan: a stale run of an earlier claim of
       -- the same Plan (a stalled host) must neither share it nor release it.
       local lock, owner = PREFIX .. 'lock:' .. f[5], plan_id .. '#' .. claim
@@ -50,7 +85,10 @@ for i = 6, #ARGV, 3 do
     if free then
       local attempts = (tonumber(f[6]) or 0) + 1
       redis.call('HSET', pk, 'state', 'Running', 'attempts', attempts, 'started_at_ms', ARGV[3])
+      if queue and attempts == 1 then redis.call('HSET', pk, 'first_attempt_ms', ARGV[3]) end
       result = 'run:' .. attempts
+    elseif wait > 0 then
+      result = 'wait:' .. wait
     else
       result = 'busy'
     end
