@@ -323,3 +323,38 @@ async fn wait_timer(api: &Api, name: &str, check: impl Fn(&Value) -> bool) -> Va
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_waiting_for_a_worker_go_by_priority() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.set_delay(Duration::from_millis(400));
+    let host = Host::start(&redis.url(), &flags(&sink, &[("--workers", "1")]));
+    let api = Api::new(&host);
+
+    // Three timers due in the same second, and a booking just before that holds the only
+    // worker until they are all waiting.
+    let slot_ms = (now_ms() / 1000 + 3) * 1000;
+    let time_of_day = chrono::DateTime::from_timestamp_millis(slot_ms)
+        .unwrap()
+        .format("%H:%M:%S")
+        .to_string();
+    for (name, priority) in [("p4", 4), ("p1", 1), ("p3", 3)] {
+        let (status, reply) = api
+            .post(
+                "/timers",
+                &json!({"name": name, "schedule": time_of_day, "timezone": "UTC",
+                        "action": hook(name), "priority": priority}),
+            )
+            .await;
+        assert_eq!(status, 200, "{reply}");
+        assert_eq!(reply["next_run_ms"], slot_ms);
+    }
+    book(&api, &point("blocker", slot_ms - 150, hook("blocker"))).await;
+    let got = sink.wait_count(4, Duration::from_secs(8)).await;
+    let order: Vec<&str> = got
+        .iter()
+        .map(|r| r.header("x-kairos-timer").unwrap_or("blocker"))
+        .collect();
+    assert_eq!(order, ["blocker", "p1", "p3", "p4"]);
+}

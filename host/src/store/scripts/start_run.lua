@@ -11,21 +11,27 @@
 -- A queue task (`{queue}/{task}:task`) must also be admitted by its queue: not paused,
 -- fewer than max_concurrent of its tasks running (a set in Redis, so the bound holds
 -- across all hosts), and a token in its bucket (refilled at `rate` per second up to
--- `bucket_size`). When it is not, the reply says how long to wait.
+-- `bucket_size`). When it is not, the reply says how long to wait: the k-th task of a
+-- queue refused in one call waits for the k-th token, so that waiting tasks come back
+-- spread out instead of all at once; and its score in held:{host} moves to that time, so
+-- that the self-audit does not take a waiting task for a lost one.
 -- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'invalidated' | 'wait:{ms}'
 local host, now_ms, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 
 -- 0 when the task may run now (its token taken and its run counted), else ms to wait.
-local PAUSED_WAIT_MS, CONCURRENCY_WAIT_MS = 500, 20
+local PAUSED_WAIT_MS, CONCURRENCY_WAIT_MS, MAX_WAIT_MS = 500, 20, 1000
+local refused = {}
 local function admit_task(queue, member)
+  local k = refused[queue] or 0
   local qk = PREFIX .. 'queue:' .. queue
   local d = redis.call('HMGET', qk, 'state', 'rate', 'bucket_size', 'max_concurrent', 'tokens', 'tokens_at_ms')
   if d[1] == 'paused' then return PAUSED_WAIT_MS end
   local running = qk .. ':running'
   local max_concurrent = tonumber(d[4]) or 0
   if max_concurrent > 0 and redis.call('SCARD', running) >= max_concurrent then
-    return CONCURRENCY_WAIT_MS
+    refused[queue] = k + 1
+    return math.min(CONCURRENCY_WAIT_MS * (1 + math.floor(k / max_concurrent)), MAX_WAIT_MS)
   end
   local rate = tonumber(d[2]) or 0
   if rate > 0 then
@@ -35,7 +41,8 @@ local function admit_task(queue, member)
     tokens = math.min(bucket, tokens + elapsed * rate / 1000)
     if tokens < 1 then
       redis.call('HSET', qk, 'tokens', tostring(tokens), 'tokens_at_ms', now_ms)
-      return math.max(math.ceil((1 - tokens) * 1000 / rate), 1)
+      refused[queue] = k + 1
+      return math.max(math.ceil((k + 1 - tokens) * 1000 / rate), 1)
     end
     redis.call('HSET', qk, 'tokens', tostring(tokens - 1), 'tokens_at_ms', now_ms)
   end
@@ -88,6 +95,7 @@ for i = 6, #ARGV, 3 do
       if queue and attempts == 1 then redis.call('HSET', pk, 'first_attempt_ms', ARGV[3]) end
       result = 'run:' .. attempts
     elseif wait > 0 then
+      redis.call('ZADD', KEYS[1], 'XX', now_ms + wait, plan_id)
       result = 'wait:' .. wait
     else
       result = 'busy'
