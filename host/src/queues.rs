@@ -323,6 +323,7 @@ fn not_found(name: &str) -> ApiError {
 
 /// Loads a queue; the default queue is created on first sight.
 async fn load_queue(app: &App, name: &str) -> Result<HashMap<String, String>, ApiError> {
+    check_name("queue name", name, 100)?;
     if let Some(q) = app.store.queue_load(name).await? {
         return Ok(q);
     }
@@ -399,6 +400,7 @@ async fn delete_queue(
     State(app): State<Shared>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    check_name("queue name", &name, 100)?;
     if name == DEFAULT_QUEUE {
         return Err(ApiError::conflict(
             "default_queue",
@@ -629,6 +631,8 @@ async fn show_task(
     State(app): State<Shared>,
     Path((queue, task)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
+    check_name("queue name", &queue, 100)?;
+    check_name("task name", &task, 500)?;
     match app.store.task_load(&queue, &task).await? {
         Some(t) => Ok(Json(task_json(&queue, &task, &t))),
         None => Err(ApiError::not_found(format!(
@@ -643,6 +647,8 @@ async fn change_task(
     task: &str,
     mode: &str,
 ) -> Result<Json<Value>, ApiError> {
+    check_name("queue name", queue, 100)?;
+    check_name("task name", task, 500)?;
     let now_ms = app.clock.now_ms();
     match app
         .store
@@ -657,7 +663,12 @@ async fn change_task(
         .await?
         .as_str()
     {
-        "ok" => Ok(Json(json!({"queue": queue, "name": task, "done": mode}))),
+        "ok" if mode == "delete" => {
+            Ok(Json(json!({"queue": queue, "name": task, "deleted": true})))
+        }
+        "ok" => Ok(Json(
+            json!({"queue": queue, "name": task, "run_at_ms": now_ms}),
+        )),
         "running" => Err(ApiError::conflict(
             "task_running",
             format!("task `{task}` is running now; try again when it returns"),

@@ -457,6 +457,7 @@ async fn run_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    check_name("timer name", &name, 100)?;
     let now_ms = app.clock.now_ms();
     match app.store.timer_run_now(&name, now_ms, app.notify_before_ms(now_ms)).await?.as_str() {
         "ok" => Ok(Json(json!({"name": name, "run_at": store::rfc3339(now_ms, app.config.timezone), "run_at_ms": now_ms}))),
@@ -472,6 +473,7 @@ async fn delete_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    check_name("timer name", &name, 100)?;
     if app.store.timer_delete(&name).await? {
         Ok(Json(json!({"name": name, "deleted": true})))
     } else {
@@ -511,6 +513,7 @@ async fn timer_runs(
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Result<Json<Value>, ApiError> {
+    check_name("timer name", &name, 100)?;
     let limit = query
         .get("limit")
         .and_then(|l| l.parse().ok())
@@ -541,6 +544,7 @@ async fn timer_runs(
 }
 
 async fn view(app: &App, name: &str, preview: usize) -> Result<Json<Value>, ApiError> {
+    check_name("timer name", name, 100)?;
     let Some((hash, plan)) = app.store.timer_load(name).await? else {
         return Err(not_found(name));
     };

@@ -65,7 +65,7 @@ async fn every_second_timer_fires_once_a_second_without_overlap_across_two_hosts
     }
     for r in &got {
         assert!(
-            r.at_ms - eta(r) < 500,
+            r.at_ms - eta(r) < 800,
             "a call came {} ms after its slot",
             r.at_ms - eta(r)
         );
@@ -328,7 +328,7 @@ async fn wait_timer(api: &Api, name: &str, check: impl Fn(&Value) -> bool) -> Va
 async fn runs_waiting_for_a_worker_go_by_priority() {
     let redis = RedisServer::start();
     let sink = Sink::start().await;
-    sink.set_delay(Duration::from_millis(400));
+    sink.set_delay(Duration::from_millis(600));
     let host = Host::start(&redis.url(), &flags(&sink, &[("--workers", "1")]));
     let api = Api::new(&host);
 
@@ -350,7 +350,7 @@ async fn runs_waiting_for_a_worker_go_by_priority() {
         assert_eq!(status, 200, "{reply}");
         assert_eq!(reply["next_run_ms"], slot_ms);
     }
-    book(&api, &point("blocker", slot_ms - 150, hook("blocker"))).await;
+    book(&api, &point("blocker", slot_ms - 300, hook("blocker"))).await;
     let got = sink.wait_count(4, Duration::from_secs(8)).await;
     let order: Vec<&str> = got
         .iter()
