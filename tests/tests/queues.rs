@@ -301,3 +301,53 @@ async fn pause_resume_purge_delete_and_task_names() {
         "a deleted queue's task stayed due"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_of_a_crashed_host_runs_again_and_frees_its_concurrency() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.set_delay(Duration::from_secs(4));
+    let mut a = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&a);
+    let (status, _) = api
+        .put("/queues/one", &json!({"rate": 0, "max_concurrent": 1}))
+        .await;
+    assert_eq!(status, 200);
+    add(
+        &api,
+        "one",
+        vec![
+            task("t1", "c"),
+            json!({"name": "t2", "countdown": 0.5, "action": hook("c")}),
+        ],
+    )
+    .await;
+    sink.wait_count(1, Duration::from_secs(5)).await;
+    a.kill9();
+    sink.set_delay(Duration::from_millis(50));
+
+    // Another host takes A's Plans over when its 2 s lease expires: t1 runs again, and
+    // t2 is admitted only if the crashed run left the queue's running set.
+    let b = Host::start(&redis.url(), &flags(&sink, &[]));
+    let got = sink
+        .wait_until("t1 again and t2", Duration::from_secs(15), |r| {
+            r.iter()
+                .filter(|r| r.header("x-kairos-task") == Some("t1"))
+                .count()
+                == 2
+                && r.iter().any(|r| r.header("x-kairos-task") == Some("t2"))
+        })
+        .await;
+    let again = got
+        .iter()
+        .filter(|r| r.header("x-kairos-task") == Some("t1"))
+        .nth(1)
+        .unwrap();
+    assert_eq!(again.header("x-kairos-execution-count"), Some("2"));
+    assert_eq!(again.header("idempotency-key"), Some("one/t1:task"));
+    let (_, queue) = Api::new(&b).get("/queues/one").await;
+    assert!(
+        queue["tasks"]["running"].as_i64().unwrap() <= 1,
+        "{queue:#}"
+    );
+}

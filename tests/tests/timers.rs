@@ -358,3 +358,49 @@ async fn runs_waiting_for_a_worker_go_by_priority() {
         .collect();
     assert_eq!(order, ["blocker", "p1", "p3", "p4"]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_past_its_timeout_fails_and_is_retried() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.set_delay(Duration::from_millis(1_500));
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, reply) = api
+        .post(
+            "/timers",
+            &json!({"name": "to", "schedule": "0 0 0 1 1 *", "action": hook("to"),
+                    "timeout": "300ms", "retries": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    api.post("/timers/to/run", &json!({})).await;
+    sink.wait_count(2, Duration::from_secs(5)).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let history = loop {
+        let history = runs(&api, "to").await;
+        if history.len() >= 2 {
+            break history;
+        }
+        assert!(std::time::Instant::now() < deadline, "{history:#?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    // Newest first: the retry failed for good, the first attempt was retried.
+    assert_eq!(history[0]["outcome"], "failed", "{history:#?}");
+    assert_eq!(history[1]["outcome"], "retry", "{history:#?}");
+    for run in &history {
+        assert!(
+            run["error"].as_str().unwrap().contains("timeout of 300 ms"),
+            "{run}"
+        );
+        assert!(run["duration_ms"].as_i64().unwrap() < 1_000, "{run}");
+    }
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(sink.received().len(), 2, "retries: 1 means two attempts");
+    let (_, view) = api.get("/timers/to").await;
+    assert_eq!(view["last_outcome"], "failed");
+    assert!(
+        scheduled(&view),
+        "a failed run leaves the schedule going: {view:#}"
+    );
+}
