@@ -227,7 +227,6 @@ impl Engine {
             Some(Owner::Life(_, kind)) => kind,
             _ => PlanKind::Birth,
         };
-        let is_life = matches!(owner, Some(Owner::Life(..)));
         let started_at_ms = self.clock.now_ms();
         let call = async {
             match &action {
@@ -291,9 +290,15 @@ impl Engine {
                 finished_at_ms,
             ),
         };
-        if is_life {
-            self.metrics
-                .record_run(kind, word, Some(started_at_ms - plan.fire_at_ms));
+        match owner {
+            Some(Owner::Timer(_)) => self
+                .metrics
+                .record_timer_run(word, started_at_ms - plan.fire_at_ms),
+            // A task's outcome is final only once its queue's retry block is applied.
+            Some(Owner::Task { .. }) => {}
+            _ => self
+                .metrics
+                .record_run(kind, word, Some(started_at_ms - plan.fire_at_ms)),
         }
         if result.error.is_some() {
             tracing::info!(plan = %plan.plan_id, attempts, outcome = word, error = ?result.error, "run did not succeed");

@@ -753,6 +753,9 @@ impl Engine {
                 }
             }
         }
+        for run in &runs {
+            self.metrics.record_task_run(run.record.outcome);
+        }
         let notify_before = self.notify_before_ms();
         let held = self
             .retry_store("tasks", || {

@@ -641,12 +641,19 @@ impl Engine {
                         ),
                         (outcome, Some(schedule)) => {
                             let slot_ms = slot_ms.unwrap_or(run.record.should_run_at_ms);
+                            // After retries, the slot's run began before this attempt:
+                            // every slot since it came while that run was still going.
+                            let run_began_ms = if run.record.attempt > 1 {
+                                slot_ms
+                            } else {
+                                run.record.started_at_ms
+                            };
                             let skips = self.skip_records(
                                 &name,
                                 &schedule,
                                 tz,
                                 slot_ms,
-                                run.record.started_at_ms,
+                                run_began_ms,
                                 now_ms,
                             );
                             let next = schedule
@@ -690,20 +697,20 @@ impl Engine {
         }
     }
 
-    /// Skip records for the slots in `(slot_ms, now_ms]`: those before the run started
-    /// were missed (no host ran the timer then), those after came while it was running.
+    /// Skip records for the slots in `(slot_ms, now_ms]`: those before the run began were
+    /// missed (no host ran the timer then), those after came while it was running.
     fn skip_records(
         &self,
         name: &str,
         schedule: &Schedule,
         tz: Tz,
         slot_ms: i64,
-        started_at_ms: i64,
+        run_began_ms: i64,
         now_ms: i64,
     ) -> Vec<String> {
         let (slots, more) = schedule.between(slot_ms, now_ms, tz, MAX_SKIPS_COUNTED);
         let (missed, overlapped): (Vec<i64>, Vec<i64>) =
-            slots.into_iter().partition(|s| *s < started_at_ms);
+            slots.into_iter().partition(|s| *s < run_began_ms);
         let mut out = Vec::new();
         for (slots, reason) in [
             (

@@ -174,6 +174,16 @@ async fn backoff_follows_the_retry_block_and_failed_tasks_can_run_again() {
     assert!(failed["items"].as_array().unwrap().is_empty(), "{failed:#}");
     let (status, _) = api.get("/queues/rb/tasks/t1").await;
     assert_eq!(status, 404, "a task that succeeded is deleted");
+
+    let out = std::process::Command::new("curl")
+        .args(["-s", &host.url("/metrics")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for (outcome, n) in [("retry", 4), ("failed", 1), ("success", 1)] {
+        let line = format!("kairos_runs_total{{plan=\"task\",outcome=\"{outcome}\"}} {n}\n");
+        assert!(text.contains(&line), "no `{line}` in:\n{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
