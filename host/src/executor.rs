@@ -93,6 +93,26 @@ pub fn decide_timer(
     (RunOutcome::Failed, "failed")
 }
 
+/// Runs an action's call within a timer's `timeout` (None: unbounded here; the action's
+/// own timeouts still apply). Past it the run ends as a 599, which retries like a
+/// connect timeout.
+pub(crate) async fn bounded(
+    timeout_ms: Option<u64>,
+    call: impl std::future::Future<Output = CallResult>,
+) -> CallResult {
+    let Some(limit) = timeout_ms else {
+        return call.await;
+    };
+    tokio::time::timeout(Duration::from_millis(limit), call)
+        .await
+        .unwrap_or_else(|_| CallResult {
+            status: Some(STATUS_CONNECT_ERROR),
+            error: Some(format!(
+                "the run took longer than its timeout of {limit} ms"
+            )),
+        })
+}
+
 /// Most Plans one `start_run` call fences.
 pub(crate) const START_BATCH: usize = 256;
 /// Most runs one `finish_run` call records.
@@ -228,43 +248,29 @@ impl Engine {
             _ => PlanKind::Birth,
         };
         let started_at_ms = self.clock.now_ms();
-        let call = async {
-            match &action {
-                Ok(Action::Webhook(webhook)) => {
-                    let ctx = CallContext {
-                        life_uuid: &uuid,
-                        plan: plan_word,
-                        execution_count: attempts,
-                        fire_at_ms: plan.fire_at_ms,
-                        resource_id: plan.resource_id.as_deref(),
-                        extra_headers: &extra_headers,
-                    };
-                    self.webhook.call(webhook, &ctx).await
-                }
-                Ok(Action::Plugin(p)) => CallResult {
-                    status: None,
-                    error: Some(format!(
-                        "plugin `{}`: this host has no plugin runtime yet",
-                        p.plugin
-                    )),
-                },
-                Err(e) => CallResult {
-                    status: None,
-                    error: Some(e.clone()),
-                },
+        let result = match &action {
+            Ok(Action::Webhook(webhook)) => {
+                let ctx = CallContext {
+                    life_uuid: &uuid,
+                    plan: plan_word,
+                    execution_count: attempts,
+                    fire_at_ms: plan.fire_at_ms,
+                    resource_id: plan.resource_id.as_deref(),
+                    extra_headers: &extra_headers,
+                };
+                bounded(plan.opts.timeout_ms, self.webhook.call(webhook, &ctx)).await
             }
-        };
-        // A timer's `timeout` bounds the whole run, whatever the action.
-        let result = match plan.opts.timeout_ms {
-            Some(limit) => tokio::time::timeout(Duration::from_millis(limit), call)
-                .await
-                .unwrap_or_else(|_| CallResult {
-                    status: Some(STATUS_CONNECT_ERROR),
-                    error: Some(format!(
-                        "the run took longer than its timeout of {limit} ms"
-                    )),
-                }),
-            None => call.await,
+            Ok(Action::Plugin(p)) => CallResult {
+                status: None,
+                error: Some(format!(
+                    "plugin `{}`: this host has no plugin runtime yet",
+                    p.plugin
+                )),
+            },
+            Err(e) => CallResult {
+                status: None,
+                error: Some(e.clone()),
+            },
         };
         let finished_at_ms = self.clock.now_ms();
         let (outcome, word) = match owner {
