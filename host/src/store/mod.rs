@@ -1108,6 +1108,36 @@ mod tests {
     }
 
     #[test]
+    fn plan_ids_say_whose_plan_it_is() {
+        let claimed = |id: &str| Claimed {
+            plan_id: id.into(),
+            fire_at_ms: 0,
+            claim: "1".into(),
+            action: String::new(),
+            attempts: 0,
+            resource_id: None,
+            opts: RunOpts::default(),
+        };
+        assert_eq!(
+            claimed("6f69:death").owner(),
+            Some(Owner::Life("6f69", PlanKind::Death))
+        );
+        assert_eq!(
+            claimed("nightly-report:timer").owner(),
+            Some(Owner::Timer("nightly-report"))
+        );
+        assert_eq!(
+            claimed("mail/welcome-42:task").owner(),
+            Some(Owner::Task {
+                queue: "mail",
+                task: "welcome-42"
+            })
+        );
+        assert_eq!(claimed("x:sideways").owner(), None);
+        assert_eq!(claimed("no-slash:task").owner(), None);
+    }
+
+    #[test]
     fn rfc3339_uses_the_zone() {
         assert_eq!(rfc3339(0, chrono_tz::UTC), "1970-01-01T00:00:00Z");
         assert_eq!(
