@@ -554,7 +554,14 @@ async fn add_tasks(
     let tz = app.config.timezone;
     let views: Vec<Value> = tasks
         .iter()
-        .map(|t| json!({"queue": queue, "name": t.name, "eta": store::rfc3339(t.eta_ms, tz), "eta_ms": t.eta_ms}))
+        .map(|t| {
+            json!({
+                "queue": queue,
+                "name": t.name,
+                "eta": store::rfc3339(t.eta_ms, tz),
+                "eta_ms": t.eta_ms,
+            })
+        })
         .collect();
     if single {
         Ok(Json(views.into_iter().next().expect("one task")))

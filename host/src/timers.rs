@@ -459,8 +459,16 @@ async fn run_timer(
 ) -> Result<Json<Value>, ApiError> {
     check_name("timer name", &name, 100)?;
     let now_ms = app.clock.now_ms();
-    match app.store.timer_run_now(&name, now_ms, app.notify_before_ms(now_ms)).await?.as_str() {
-        "ok" => Ok(Json(json!({"name": name, "run_at": store::rfc3339(now_ms, app.config.timezone), "run_at_ms": now_ms}))),
+    let reply = app
+        .store
+        .timer_run_now(&name, now_ms, app.notify_before_ms(now_ms))
+        .await?;
+    match reply.as_str() {
+        "ok" => Ok(Json(json!({
+            "name": name,
+            "run_at": store::rfc3339(now_ms, app.config.timezone),
+            "run_at_ms": now_ms,
+        }))),
         "running" => Err(ApiError::conflict(
             "timer_running",
             format!("timer `{name}` is running now; a timer never runs twice at once, try again when it returns"),

@@ -361,3 +361,53 @@ async fn a_task_of_a_crashed_host_runs_again_and_frees_its_concurrency() {
         "{queue:#}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_need_the_book_scope_and_queue_changes_admin() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--api-tokens", "root:admin,ops:book,peek:read")]),
+    );
+    let (root, ops, peek) = (
+        Api::new(&host).with_token("root"),
+        Api::new(&host).with_token("ops"),
+        Api::new(&host).with_token("peek"),
+    );
+    let later = json!({"name": "later", "countdown": 60, "action": hook("x")});
+    for (api, status) in [(&peek, 403), (&ops, 200)] {
+        let (got, reply) = api.post("/queues/default/tasks", &later).await;
+        assert_eq!(got, status, "{reply}");
+    }
+    for (method_path, api) in [
+        ("PUT /queues/q", &ops),
+        ("POST /queues/default/pause", &ops),
+    ] {
+        let (got, reply) = match method_path.split_once(' ').unwrap() {
+            ("PUT", path) => api.put(path, &json!({})).await,
+            (_, path) => api.post(path, &json!({})).await,
+        };
+        assert_eq!(
+            (got, reply["error"]["code"].as_str()),
+            (403, Some("forbidden")),
+            "{method_path}"
+        );
+    }
+    let (status, _) = peek.get("/queues/default/tasks/later").await;
+    assert_eq!(status, 200, "reading needs only read");
+    let (status, _) = ops
+        .post("/queues/default/tasks/later/run", &json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = root.put("/queues/q", &json!({"rate": 1})).await;
+    assert_eq!(status, 200);
+    let (status, _) = ops
+        .post(
+            "/timers",
+            &json!({"name": "t", "schedule": "00:00", "action": hook("t")}),
+        )
+        .await;
+    assert_eq!(status, 403, "timers are defined with admin");
+    sink.wait_count(1, Duration::from_secs(5)).await;
+}
