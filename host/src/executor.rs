@@ -178,6 +178,7 @@ impl Engine {
                 return;
             }
         };
+        let mut deferred = false;
         for (((plan, slot), action), outcome) in batch.into_iter().zip(actions).zip(outcomes) {
             match outcome {
                 StartOutcome::Run { attempts } => {
@@ -204,7 +205,15 @@ impl Engine {
                     self.forget()
                 }
                 StartOutcome::Lost => self.forget(),
+                StartOutcome::Deferred => {
+                    // Back in due_tasks for later: the claimer's sleep must account for it.
+                    self.forget();
+                    deferred = true;
+                }
             }
+        }
+        if deferred {
+            self.wake_claimer();
         }
     }
 

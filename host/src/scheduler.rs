@@ -36,6 +36,9 @@ use crate::store::{Claimed, Store};
 
 /// Most Plans one `claim` call moves.
 const CLAIM_BATCH: usize = 1000;
+/// How far ahead queue tasks are claimed: they may still have to wait for their queue's
+/// tokens, and a backlog waits in Redis (`due_tasks`), not in a host's memory.
+const TASK_LOOKAHEAD_MS: i64 = 1000;
 
 /// The firing engine of one host: scheduler, workers and supervisor share it.
 pub struct Engine {
@@ -242,11 +245,34 @@ impl Engine {
     async fn claimer(self: Arc<Self>, mut shutdown: ShutdownSignal) {
         loop {
             self.claim_pass().await;
+            let pause = self.until_next_task().await;
             tokio::select! {
-                _ = tokio::time::sleep(self.config.booking_plan_watch_interval) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = self.claim_wakeup.notified() => {}
                 _ = until_shutdown(&mut shutdown) => return,
             }
+        }
+    }
+
+    /// How long the claimer may sleep: the watch interval, or less when a queue task
+    /// comes within its look-ahead sooner (tasks are not claimed a whole window ahead, so
+    /// nothing else would wake the claimer for them).
+    async fn until_next_task(&self) -> Duration {
+        let interval = self.config.booking_plan_watch_interval;
+        if self.starved.load(Ordering::Acquire) {
+            return interval;
+        }
+        let now_ms = self.clock.now_ms();
+        match self
+            .store
+            .next_task_due_ms(now_ms + TASK_LOOKAHEAD_MS)
+            .await
+        {
+            Ok(Some(next_ms)) => {
+                let wait_ms = (next_ms - TASK_LOOKAHEAD_MS - now_ms).max(10) as u64;
+                interval.min(Duration::from_millis(wait_ms))
+            }
+            _ => interval,
         }
     }
 
@@ -270,6 +296,7 @@ impl Engine {
                     now_ms + self.window_ms(),
                     limit,
                     now_ms + self.lease_ms(),
+                    now_ms + TASK_LOOKAHEAD_MS,
                 )
                 .await
             {

@@ -306,7 +306,7 @@ async fn pause_resume_purge_delete_and_task_names() {
     let (status, _) = api.get("/queues/gone").await;
     assert_eq!(status, 404);
     assert_eq!(
-        redis.zcard("kairos:due").await,
+        redis.zcard("kairos:due_tasks").await,
         0,
         "a deleted queue's task stayed due"
     );
@@ -410,4 +410,40 @@ async fn tasks_need_the_book_scope_and_queue_changes_admin() {
         .await;
     assert_eq!(status, 403, "timers are defined with admin");
     sink.wait_count(1, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_behind_a_low_rate_waits_in_redis_not_in_memory() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, _) = api
+        .put("/queues/trickle", &json!({"rate": 2, "bucket_size": 1}))
+        .await;
+    assert_eq!(status, 200);
+    add(
+        &api,
+        "trickle",
+        (0..100).map(|n| task(&format!("b{n}"), "b")).collect(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+
+    let out = std::process::Command::new("curl")
+        .args(["-s", &host.url("/metrics")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let claimed: i64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("kairos_claimed_plans "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(claimed <= 5, "{claimed} tasks held in the host's memory");
+    let waiting = redis.zcard("kairos:due_tasks").await;
+    assert!(waiting >= 85, "only {waiting} tasks wait in Redis");
+    let delivered = sink.received().len();
+    assert!((3..=7).contains(&delivered), "2/s for 2 s, got {delivered}");
 }

@@ -207,6 +207,8 @@ pub enum StartOutcome {
     /// A queue task its queue does not admit yet (paused, rate, max_concurrent): try
     /// again after this many ms.
     Wait { retry_in_ms: i64 },
+    /// A queue task that must wait longer: it went back to `due_tasks`; drop it.
+    Deferred,
 }
 
 /// How a run ended, as `finish_run` records it.
@@ -746,13 +748,15 @@ impl Store {
 
     // ---- firing engine ----
 
-    /// Claims up to `limit` Plans due before `until_ms` for `host`.
+    /// Claims up to `limit` Plans due before `until_ms` (queue tasks: before
+    /// `tasks_until_ms`) for `host`.
     pub async fn claim(
         &self,
         host: &str,
         until_ms: i64,
         limit: usize,
         heartbeat_deadline_ms: i64,
+        tasks_until_ms: i64,
     ) -> redis::RedisResult<Vec<Claimed>> {
         let k = &self.keys;
         let mut conn = self.conn.clone();
@@ -763,11 +767,13 @@ impl Store {
             .key(k.due())
             .key(k.held(host))
             .key(k.hosts())
+            .key(k.due_tasks())
             .arg(&k.prefix)
             .arg(host)
             .arg(until_ms)
             .arg(limit)
             .arg(heartbeat_deadline_ms)
+            .arg(tasks_until_ms)
             .invoke_async(&mut conn)
             .await?;
         Ok(rows
@@ -822,6 +828,7 @@ impl Store {
             .map(|r| match r.as_str() {
                 "busy" => StartOutcome::Busy,
                 "invalidated" => StartOutcome::Invalidated,
+                "deferred" => StartOutcome::Deferred,
                 other if other.starts_with("wait:") => StartOutcome::Wait {
                     retry_in_ms: other[5..].parse().unwrap_or(50),
                 },
@@ -929,14 +936,17 @@ impl Store {
             .await
     }
 
-    /// Plans waiting in the due set, and hosts whose lease is current at `now_ms`.
+    /// Plans waiting in the due sets (queue tasks included), and hosts whose lease is
+    /// current at `now_ms`.
     pub async fn cluster_stats(&self, now_ms: i64) -> redis::RedisResult<(i64, i64)> {
         let mut conn = self.conn.clone();
-        redis::pipe()
+        let (due, due_tasks, hosts): (i64, i64, i64) = redis::pipe()
             .zcard(self.keys.due())
+            .zcard(self.keys.due_tasks())
             .zcount(self.keys.hosts(), now_ms, "+inf")
             .query_async(&mut conn)
-            .await
+            .await?;
+        Ok((due + due_tasks, hosts))
     }
 
     /// Plans `host` holds with a fire time before `before_ms` (at most `limit`).

@@ -25,6 +25,10 @@ impl Keys {
     pub fn queue_running(&self, name: &str) -> String {
         format!("{}queue:{name}:running", self.prefix)
     }
+    /// Queue tasks waiting to be claimed (score = when they may run).
+    pub fn due_tasks(&self) -> String {
+        format!("{}due_tasks", self.prefix)
+    }
     pub fn queues(&self) -> String {
         format!("{}queues", self.prefix)
     }
@@ -134,7 +138,7 @@ impl Store {
         invocation
             .key(k.queue(queue))
             .key(k.queue_tasks(queue))
-            .key(k.due())
+            .key(k.due_tasks())
             .key(k.queues())
             .arg(&k.prefix)
             .arg(queue)
@@ -176,7 +180,7 @@ impl Store {
             .key(k.task_plan(queue, task))
             .key(k.queue_tasks(queue))
             .key(k.queue_failed(queue))
-            .key(k.due())
+            .key(k.due_tasks())
             .arg(&k.prefix)
             .arg(queue)
             .arg(task)
@@ -244,7 +248,7 @@ impl Store {
                 .key(k.queue(name))
                 .key(k.queue_tasks(name))
                 .key(k.queue_failed(name))
-                .key(k.due())
+                .key(k.due_tasks())
                 .key(k.queues())
                 .arg(&k.prefix)
                 .arg(name)
@@ -259,6 +263,23 @@ impl Store {
                 return Ok((total, left));
             }
         }
+    }
+
+    /// The time of the first task in `due_tasks` after `after_ms`, if any: the claimer
+    /// sleeps until then.
+    pub async fn next_task_due_ms(&self, after_ms: i64) -> redis::RedisResult<Option<i64>> {
+        let mut conn = self.conn.clone();
+        let first: Vec<(String, f64)> = redis::cmd("ZRANGEBYSCORE")
+            .arg(self.keys.due_tasks())
+            .arg(format!("({after_ms}"))
+            .arg("+inf")
+            .arg("WITHSCORES")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(1)
+            .query_async(&mut conn)
+            .await?;
+        Ok(first.first().map(|(_, score)| *score as i64))
     }
 
     /// The queue hashes of `queues` and the `first_attempt_ms` of each task Plan in
@@ -297,7 +318,7 @@ impl Store {
         let mut invocation = self.scripts.finish_task.prepare_invoke();
         invocation
             .key(k.held(host))
-            .key(k.due())
+            .key(k.due_tasks())
             .key(k.runs())
             .arg(&k.prefix)
             .arg(host)

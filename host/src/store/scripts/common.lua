@@ -93,7 +93,11 @@ local function hand_back(plan_id, host, notify_before_ms, running_before_ms)
     else
       redis.call('HSET', pk, 'state', 'Standby')
     end
-    redis.call('ZADD', PREFIX .. 'due', f[3], plan_id)
+    if task_queue(plan_id) then
+      redis.call('ZADD', PREFIX .. 'due_tasks', f[3], plan_id)
+    else
+      redis.call('ZADD', PREFIX .. 'due', f[3], plan_id)
+    end
     notify_if_soon(f[3], notify_before_ms)
     return 1
   end

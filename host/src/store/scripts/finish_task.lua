@@ -5,7 +5,7 @@
 --   a person can inspect it and run it again (task_run).
 -- Every run leaves its queue's running set, even when the task was taken over or purged
 -- meanwhile, so that max_concurrent never counts a run that ended.
--- KEYS: 1 held:{host}, 2 due, 3 runs
+-- KEYS: 1 held:{host}, 2 due_tasks, 3 runs
 -- ARGV: 1 prefix, 2 host, 3 now_ms, 4 now_rfc, 5 notify_before_ms, 6 runs stream max
 --       length, 7 tombstone ms, then per run 9 values: plan_id, claim, outcome, next_ms,
 --       next_rfc, status ('' = none), error ('' = none), history outcome word, record JSON

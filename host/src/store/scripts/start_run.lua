@@ -11,16 +11,20 @@
 -- A queue task (`{queue}/{task}:task`) must also be admitted by its queue: not paused,
 -- fewer than max_concurrent of its tasks running (a set in Redis, so the bound holds
 -- across all hosts), and a token in its bucket (refilled at `rate` per second up to
--- `bucket_size`). When it is not, the reply says how long to wait: the k-th task of a
--- queue refused in one call waits for the k-th token, so that waiting tasks come back
--- spread out instead of all at once; and its score in held:{host} moves to that time, so
--- that the self-audit does not take a waiting task for a lost one.
--- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'invalidated' | 'wait:{ms}'
+-- `bucket_size`). When it is not, it waits: the k-th task of a queue refused in one call
+-- waits for the k-th token, so that waiting tasks come back spread out instead of all at
+-- once. A short wait (up to DEFER_AFTER_MS) is spent in the host's memory (its score in
+-- held:{host} moves to that time, so that the self-audit does not take it for lost); a
+-- longer one back in due_tasks, Standby, so that a backlog waits in Redis and any host
+-- may take it when its time comes.
+-- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'invalidated' | 'wait:{ms}' |
+--   'deferred' (back in due_tasks)
 local host, now_ms, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 
 -- 0 when the task may run now (its token taken and its run counted), else ms to wait.
-local PAUSED_WAIT_MS, CONCURRENCY_WAIT_MS, MAX_WAIT_MS = 500, 20, 1000
+local PAUSED_WAIT_MS, CONCURRENCY_WAIT_MS, MAX_WAIT_MS = 2000, 20, 1000
+local DEFER_AFTER_MS = 1000
 local refused = {}
 local function admit_task(queue, member)
   local k = refused[queue] or 0
@@ -94,6 +98,11 @@ for i = 6, #ARGV, 3 do
       redis.call('HSET', pk, 'state', 'Running', 'attempts', attempts, 'started_at_ms', ARGV[3])
       if queue and attempts == 1 then redis.call('HSET', pk, 'first_attempt_ms', ARGV[3]) end
       result = 'run:' .. attempts
+    elseif wait > DEFER_AFTER_MS then
+      release_claim(pk, plan_id)
+      redis.call('HSET', pk, 'state', 'Standby')
+      redis.call('ZADD', PREFIX .. 'due_tasks', now_ms + wait, plan_id)
+      result = 'deferred'
     elseif wait > 0 then
       redis.call('ZADD', KEYS[1], 'XX', now_ms + wait, plan_id)
       result = 'wait:' .. wait

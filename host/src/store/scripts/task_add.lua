@@ -1,8 +1,8 @@
 -- task_add: adds up to 100 tasks to a queue, all or none. A task is a Plan
--- `{queue}/{task}:task` in the due set like any other; its name is refused while the task
+-- `{queue}/{task}:task`, waiting in due_tasks (claimed like the due set, see claim); its name is refused while the task
 -- exists or its tombstone (left when it finished or was deleted) has not expired.
 -- The `default` queue is created with DEFAULTS the first time it is used.
--- KEYS: 1 queue, 2 queue tasks index, 3 due, 4 queues index
+-- KEYS: 1 queue, 2 queue tasks index, 3 due_tasks, 4 queues index
 -- ARGV: 1 prefix, 2 queue, 3 now_ms, 4 now_rfc, 5 notify_before_ms,
 --       6 defaults of the default queue (JSON object of field -> value),
 --       then per task 4 values: name, eta_ms, eta_rfc, action JSON

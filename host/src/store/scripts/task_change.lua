@@ -4,7 +4,7 @@
 -- run: a pending task fires now; a failed one goes back into the queue with its attempts
 --   reset and fires now; a running one is refused. Both still pass the queue's pause,
 --   rate and max_concurrent.
--- KEYS: 1 plan, 2 queue tasks index, 3 queue failed list, 4 due
+-- KEYS: 1 plan, 2 queue tasks index, 3 queue failed list, 4 due_tasks
 -- ARGV: 1 prefix, 2 queue, 3 task, 4 mode, 5 now_ms, 6 now_rfc, 7 notify_before_ms,
 --       8 tombstone ms
 -- Returns 'ok' | 'missing' | 'running'
