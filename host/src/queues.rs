@@ -427,7 +427,15 @@ async fn delete_queue(
 
 async fn set_state(app: &App, name: &str, state: &str) -> Result<Json<Value>, ApiError> {
     load_queue(app, name).await?;
-    if !app.store.queue_set_state(name, state).await? {
+    let found = if state == "running" {
+        let now_ms = app.clock.now_ms();
+        app.store
+            .queue_resume(name, app.notify_before_ms(now_ms))
+            .await?
+    } else {
+        app.store.queue_set_state(name, state).await?
+    };
+    if !found {
         return Err(not_found(name));
     }
     tracing::info!(queue = %name, state, "queue state changed");

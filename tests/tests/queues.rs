@@ -223,8 +223,17 @@ async fn pause_resume_purge_delete_and_task_names() {
     .await;
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(sink.received().is_empty(), "a paused queue delivered");
-    let (status, _) = api.post("/queues/default/resume", &json!({})).await;
+    // Parked: in no due set and in no host's memory, until resume.
+    assert_eq!(redis.zcard("kairos:due_tasks").await, 0);
+    assert_eq!(
+        redis.zcard(&format!("kairos:held:{}", host.host_id)).await,
+        0
+    );
+    let (_, queue) = api.get("/queues/default").await;
+    assert_eq!(queue["tasks"]["pending"], 5, "{queue:#}");
+    let (status, reply) = api.post("/queues/default/resume", &json!({})).await;
     assert_eq!(status, 200);
+    assert_eq!(reply["state"], "running");
     sink.wait_count(5, Duration::from_secs(5)).await;
 
     // Purge empties the queue: nothing is delivered after resume.

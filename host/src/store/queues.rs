@@ -124,6 +124,37 @@ impl Store {
         Ok(changed == 1)
     }
 
+    /// Sets a queue running and puts its parked tasks back in `due_tasks` (in batches);
+    /// false when there is no such queue.
+    pub async fn queue_resume(&self, name: &str, notify_before_ms: i64) -> Result<bool, ApiError> {
+        let k = &self.keys;
+        let batch = 1000;
+        let mut offset = 0;
+        loop {
+            let mut conn = self.conn.clone();
+            let seen: i64 = self
+                .scripts
+                .queue_resume
+                .key(k.queue(name))
+                .key(k.queue_tasks(name))
+                .key(k.due_tasks())
+                .arg(&k.prefix)
+                .arg(name)
+                .arg(offset)
+                .arg(batch)
+                .arg(notify_before_ms)
+                .invoke_async(&mut conn)
+                .await?;
+            if seen < 0 {
+                return Ok(false);
+            }
+            if seen < batch {
+                return Ok(true);
+            }
+            offset += batch;
+        }
+    }
+
     /// Adds tasks all or none: 'ok' | 'missing' | a duplicate's name as Err text.
     pub async fn task_add(
         &self,

@@ -23,14 +23,16 @@ local host, now_ms, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
 local out = {}
 
 -- 0 when the task may run now (its token taken and its run counted), else ms to wait.
-local PAUSED_WAIT_MS, CONCURRENCY_WAIT_MS, MAX_WAIT_MS = 2000, 20, 1000
+-- PAUSED (a wait of -1): the task is parked, Standby in its queue's task index and in no
+-- due set, until `resume` (queue_resume) puts the queue's parked tasks back in due_tasks.
+local PAUSED, CONCURRENCY_WAIT_MS, MAX_WAIT_MS = -1, 20, 1000
 local DEFER_AFTER_MS = 1000
 local refused = {}
 local function admit_task(queue, member)
   local k = refused[queue] or 0
   local qk = PREFIX .. 'queue:' .. queue
   local d = redis.call('HMGET', qk, 'state', 'rate', 'bucket_size', 'max_concurrent', 'tokens', 'tokens_at_ms')
-  if d[1] == 'paused' then return PAUSED_WAIT_MS end
+  if d[1] == 'paused' then return PAUSED end
   local running = qk .. ':running'
   local max_concurrent = tonumber(d[4]) or 0
   if max_concurrent > 0 and redis.call('SCARD', running) >= max_concurrent then
@@ -79,7 +81,7 @@ for i = 6, #ARGV, 3 do
     local free, wait = true, 0
     local queue = task_queue(plan_id)
     if queue then wait = admit_task(queue, plan_id .. '#' .. claim) end
-    if wait > 0 then
+    if wait ~= 0 then
       free = false
     elseif f[5] then
       -- The lock names the claim, not only the Plan: a stale run of an earlier claim of
@@ -98,6 +100,10 @@ for i = 6, #ARGV, 3 do
       redis.call('HSET', pk, 'state', 'Running', 'attempts', attempts, 'started_at_ms', ARGV[3])
       if queue and attempts == 1 then redis.call('HSET', pk, 'first_attempt_ms', ARGV[3]) end
       result = 'run:' .. attempts
+    elseif wait == PAUSED then
+      release_claim(pk, plan_id)
+      redis.call('HSET', pk, 'state', 'Standby')
+      result = 'deferred'
     elseif wait > DEFER_AFTER_MS then
       release_claim(pk, plan_id)
       redis.call('HSET', pk, 'state', 'Standby')
