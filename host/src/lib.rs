@@ -18,7 +18,7 @@
 //! - [`metrics`]: counters and the lateness histogram behind `/metrics`.
 //! - [`managed_redis`]: the redis-server `kairos serve` runs when none is configured.
 //! - [`server`]: wires it all together with graceful shutdown.
-//! - [`cli`]: `kairos book|ls|show|cancel`, a client of the REST API.
+//! - [`cli`]: `kairos book|ls|show|cancel|timers|queues`, a client of the REST API.
 
 pub mod actions;
 pub mod api;
