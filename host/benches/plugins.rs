@@ -216,6 +216,7 @@ async fn run() {
         execution_count: 1,
         fire_at_ms: 0,
         resource_id: None,
+        extra_headers: &[],
     };
     let n = 5_000;
     for _ in 0..500 {

@@ -39,8 +39,31 @@ pub struct App {
 pub(crate) type Shared = Arc<App>;
 
 impl App {
+    /// Reads the action of a timer or a queue task, a plugin's name checked in the
+    /// registry as for bookings.
+    pub(crate) async fn parse_action(
+        &self,
+        which: &str,
+        value: &Value,
+        now_ms: i64,
+    ) -> Result<crate::model::Action, ApiError> {
+        let specs: Vec<String> = value
+            .get("plugin")
+            .and_then(Value::as_str)
+            .map(|s| vec![s.to_string()])
+            .unwrap_or_default();
+        let exists = self.bookings.plugins.existing(&specs).await?;
+        let known: std::collections::HashSet<String> = specs
+            .into_iter()
+            .zip(exists)
+            .filter_map(|(spec, yes)| yes.then_some(spec))
+            .collect();
+        let registered = |spec: &str| known.contains(spec);
+        booking::parse_action(which, value, &self.bookings.rules(now_ms, &registered))
+    }
+
     /// Rules for bookings that name no plugin (`/defer`).
-    fn rules(&self, now_ms: i64) -> Rules<'static> {
+    pub(crate) fn rules(&self, now_ms: i64) -> Rules<'static> {
         self.bookings.rules(now_ms, &|_| false)
     }
 
@@ -64,7 +87,7 @@ impl App {
     }
 
     /// Bookings due before this are announced to the schedulers at once.
-    fn notify_before_ms(&self, now_ms: i64) -> i64 {
+    pub(crate) fn notify_before_ms(&self, now_ms: i64) -> i64 {
         self.bookings.notify_before_ms(now_ms)
     }
 }
@@ -82,6 +105,8 @@ pub fn router(app: Shared) -> Router {
         )
         .route("/defer/{*path}", any(defer_request))
         .merge(crate::plugins::routes::routes(app.config.max_plugin_bytes))
+        .merge(crate::timers::routes())
+        .merge(crate::queues::routes())
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .fallback(not_found)
@@ -97,7 +122,12 @@ pub fn router(app: Shared) -> Router {
 fn required_scope(method: &Method, path: &str) -> Scope {
     if method == Method::GET || method == Method::HEAD {
         Scope::Read
-    } else if path.starts_with("/schedules") || path.starts_with("/defer") {
+    } else if path.starts_with("/schedules")
+        || path.starts_with("/defer")
+        || crate::queues::is_task_path(path)
+    {
+        // Adding, deleting and running queue tasks is booking work; defining queues and
+        // timers is administration.
         Scope::Book
     } else {
         Scope::Admin
@@ -487,6 +517,20 @@ mod tests {
         assert_eq!(required_scope(&Method::POST, "/schedules"), Scope::Book);
         assert_eq!(required_scope(&Method::DELETE, "/schedules/x"), Scope::Book);
         assert_eq!(required_scope(&Method::PUT, "/plugins/x"), Scope::Admin);
+        assert_eq!(
+            required_scope(&Method::POST, "/queues/q/tasks"),
+            Scope::Book
+        );
+        assert_eq!(
+            required_scope(&Method::POST, "/queues/q/tasks/t/run"),
+            Scope::Book
+        );
+        assert_eq!(
+            required_scope(&Method::POST, "/queues/q/purge"),
+            Scope::Admin
+        );
+        assert_eq!(required_scope(&Method::PUT, "/queues/q"), Scope::Admin);
+        assert_eq!(required_scope(&Method::POST, "/timers"), Scope::Admin);
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));

@@ -1,5 +1,5 @@
-//! The command-line client: `kairos book|ls|show|cancel` over the REST API of a running
-//! host (SPEC section 9). It prints the API's JSON (or a table for `ls`) and exits 1 with
+//! The command-line client: `kairos book|ls|show|cancel|timers|queues` over the REST API
+//! of a running host (SPEC section 9). It prints the API's JSON (or a table for `ls`) and exits 1 with
 //! the API's error message when the host refuses.
 
 use std::io::Read;
@@ -76,6 +76,22 @@ pub enum ClientCommand {
         #[command(subcommand)]
         command: PluginsCommand,
     },
+    /// Recurring timers: a table of them, or one of the commands below.
+    Timers {
+        #[command(subcommand)]
+        command: Option<TimersCommand>,
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Task queues: a table of them, or one of the commands below.
+    Queues {
+        #[command(subcommand)]
+        command: Option<QueuesCommand>,
+        /// Print the API's JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// `kairos plugins ...`
@@ -107,6 +123,52 @@ pub enum PluginsCommand {
         /// Delete even though Lives still use it (they fail when they fire).
         #[arg(long)]
         force: bool,
+    },
+}
+
+/// `kairos timers ...`
+#[derive(Debug, Subcommand)]
+pub enum TimersCommand {
+    /// One timer with a preview of its next fire times.
+    Show {
+        name: String,
+    },
+    /// A timer's runs, newest first (skipped slots included).
+    Runs {
+        name: String,
+    },
+    /// Run a timer now.
+    Run {
+        name: String,
+    },
+    Activate {
+        name: String,
+    },
+    Deactivate {
+        name: String,
+    },
+}
+
+/// `kairos queues ...`
+#[derive(Debug, Subcommand)]
+pub enum QueuesCommand {
+    /// One queue with its settings and task counts.
+    Show {
+        name: String,
+    },
+    /// Pending tasks of a queue.
+    Tasks {
+        name: String,
+    },
+    /// Tasks that exhausted their retries.
+    Failed {
+        name: String,
+    },
+    Pause {
+        name: String,
+    },
+    Resume {
+        name: String,
     },
 }
 
@@ -364,6 +426,8 @@ pub async fn run(target: Target, command: ClientCommand) -> anyhow::Result<()> {
                 .await?,
             );
         }
+        ClientCommand::Timers { command, json } => timers(&api, command, json).await?,
+        ClientCommand::Queues { command, json } => queues(&api, command, json).await?,
         ClientCommand::Cancel { life_uuid, force } => {
             let path = format!(
                 "/schedules/{}{}",
@@ -373,6 +437,106 @@ pub async fn run(target: Target, command: ClientCommand) -> anyhow::Result<()> {
             print_json(&api.call(Method::DELETE, &path, None).await?);
         }
     }
+    Ok(())
+}
+
+async fn timers(api: &Api, command: Option<TimersCommand>, json: bool) -> anyhow::Result<()> {
+    let (method, path) = match command {
+        None => {
+            let list = api.call(Method::GET, "/timers", None).await?;
+            if json {
+                print_json(&list);
+                return Ok(());
+            }
+            println!(
+                "{:<24} {:<22} {:<18} {:<8} {:<9} {:<25} LAST",
+                "TIMER", "SCHEDULE", "TIMEZONE", "PRIO", "STATE", "NEXT RUN"
+            );
+            for t in list["items"].as_array().into_iter().flatten() {
+                let text = |k: &str| match &t[k] {
+                    Value::String(s) => s.clone(),
+                    Value::Null => "-".into(),
+                    other => other.to_string(),
+                };
+                println!(
+                    "{:<24} {:<22} {:<18} {:<8} {:<9} {:<25} {}",
+                    text("name"),
+                    text("schedule"),
+                    text("timezone"),
+                    text("priority"),
+                    text("state"),
+                    text("next_run"),
+                    text("last_outcome")
+                );
+            }
+            return Ok(());
+        }
+        Some(TimersCommand::Show { name }) => (Method::GET, format!("/timers/{}", encode(&name))),
+        Some(TimersCommand::Runs { name }) => {
+            (Method::GET, format!("/timers/{}/runs", encode(&name)))
+        }
+        Some(TimersCommand::Run { name }) => {
+            (Method::POST, format!("/timers/{}/run", encode(&name)))
+        }
+        Some(TimersCommand::Activate { name }) => {
+            (Method::POST, format!("/timers/{}/activate", encode(&name)))
+        }
+        Some(TimersCommand::Deactivate { name }) => (
+            Method::POST,
+            format!("/timers/{}/deactivate", encode(&name)),
+        ),
+    };
+    print_json(&api.call(method, &path, None).await?);
+    Ok(())
+}
+
+async fn queues(api: &Api, command: Option<QueuesCommand>, json: bool) -> anyhow::Result<()> {
+    let (method, path) = match command {
+        None => {
+            let list = api.call(Method::GET, "/queues", None).await?;
+            if json {
+                print_json(&list);
+                return Ok(());
+            }
+            println!(
+                "{:<24} {:<8} {:>8} {:>7} {:>8} {:>8} {:>8} {:>7}",
+                "QUEUE", "STATE", "RATE/S", "BUCKET", "MAX-CONC", "PENDING", "RUNNING", "FAILED"
+            );
+            for q in list["items"].as_array().into_iter().flatten() {
+                let text = |v: &Value| match v {
+                    Value::String(s) => s.clone(),
+                    Value::Null => "-".into(),
+                    other => other.to_string(),
+                };
+                println!(
+                    "{:<24} {:<8} {:>8} {:>7} {:>8} {:>8} {:>8} {:>7}",
+                    text(&q["name"]),
+                    text(&q["state"]),
+                    text(&q["rate"]),
+                    text(&q["bucket_size"]),
+                    text(&q["max_concurrent"]),
+                    text(&q["tasks"]["pending"]),
+                    text(&q["tasks"]["running"]),
+                    text(&q["tasks"]["failed"])
+                );
+            }
+            return Ok(());
+        }
+        Some(QueuesCommand::Show { name }) => (Method::GET, format!("/queues/{}", encode(&name))),
+        Some(QueuesCommand::Tasks { name }) => {
+            (Method::GET, format!("/queues/{}/tasks", encode(&name)))
+        }
+        Some(QueuesCommand::Failed { name }) => {
+            (Method::GET, format!("/queues/{}/failed", encode(&name)))
+        }
+        Some(QueuesCommand::Pause { name }) => {
+            (Method::POST, format!("/queues/{}/pause", encode(&name)))
+        }
+        Some(QueuesCommand::Resume { name }) => {
+            (Method::POST, format!("/queues/{}/resume", encode(&name)))
+        }
+    };
+    print_json(&api.call(method, &path, None).await?);
     Ok(())
 }
 

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
-use crate::actions::webhook::{CallContext, CallResult};
+use crate::actions::webhook::{CallContext, CallResult, STATUS_CONNECT_ERROR};
 use crate::model::{Action, PlanKind};
 use crate::plugins::routes::MAX_PLUGIN_TIMEOUT;
 use crate::plugins::{Invocation, InvokeContext};
 use crate::scheduler::Engine;
-use crate::store::{Claimed, FinishedRun, RunOutcome, RunRecord, StartOutcome};
+use crate::store::{Claimed, FinishedRun, Owner, RunOutcome, RunRecord, StartOutcome};
 
 /// Pause before a Plan whose resource is busy tries again.
 const RESOURCE_BUSY_RETRY_MS: i64 = 50;
@@ -77,6 +77,62 @@ fn plugin_result(spec: &str, invocation: Invocation) -> CallResult {
             ..Default::default()
         },
     }
+}
+
+/// Retries of a failed timer run when the timer does not say.
+pub const DEFAULT_TIMER_RETRIES: u32 = 3;
+/// Pause between retries of a timer run whose action gives no `retry_interval`.
+const DEFAULT_TIMER_RETRY_INTERVAL_MS: u64 = 1000;
+
+/// What to do after a timer run: codes in `execution_retry_codes` are retried `retries`
+/// times; then the run counts as failed and the timer goes on to its next slot.
+pub fn decide_timer(
+    result: &CallResult,
+    attempts: u32,
+    retries: u32,
+    retry_interval_ms: u64,
+    retry_codes: &[u16],
+    now_ms: i64,
+) -> (RunOutcome, &'static str) {
+    if result.is_success() {
+        return (RunOutcome::Done, "success");
+    }
+    let retryable = result.retryable || result.status.is_some_and(|s| retry_codes.contains(&s));
+    if retryable && attempts <= retries {
+        let interval = if retry_interval_ms == 0 {
+            DEFAULT_TIMER_RETRY_INTERVAL_MS
+        } else {
+            retry_interval_ms
+        };
+        return (
+            RunOutcome::Retry {
+                next_ms: now_ms.saturating_add(interval as i64),
+            },
+            "retry",
+        );
+    }
+    (RunOutcome::Failed, "failed")
+}
+
+/// Runs an action's call within a timer's `timeout` (None: unbounded here; the action's
+/// own timeouts still apply). Past it the run ends as a 599, which retries like a
+/// connect timeout.
+pub(crate) async fn bounded(
+    timeout_ms: Option<u64>,
+    call: impl std::future::Future<Output = CallResult>,
+) -> CallResult {
+    let Some(limit) = timeout_ms else {
+        return call.await;
+    };
+    tokio::time::timeout(Duration::from_millis(limit), call)
+        .await
+        .unwrap_or_else(|_| CallResult {
+            status: Some(STATUS_CONNECT_ERROR),
+            error: Some(format!(
+                "the run took longer than its timeout of {limit} ms"
+            )),
+            ..Default::default()
+        })
 }
 
 /// Most Plans one `start_run` call fences.
@@ -151,6 +207,7 @@ impl Engine {
                 return;
             }
         };
+        let mut deferred = false;
         for (((plan, slot), action), outcome) in batch.into_iter().zip(actions).zip(outcomes) {
             match outcome {
                 StartOutcome::Run { attempts } => {
@@ -170,13 +227,22 @@ impl Engine {
                     });
                 }
                 StartOutcome::Busy => self.schedule(plan, now_ms + RESOURCE_BUSY_RETRY_MS),
+                StartOutcome::Wait { retry_in_ms } => self.schedule(plan, now_ms + retry_in_ms),
                 StartOutcome::Invalidated => {
                     self.metrics
                         .record_run(PlanKind::Birth, "invalidated", None);
                     self.forget()
                 }
                 StartOutcome::Lost => self.forget(),
+                StartOutcome::Deferred => {
+                    // Back in due_tasks for later: the claimer's sleep must account for it.
+                    self.forget();
+                    deferred = true;
+                }
             }
+        }
+        if deferred {
+            self.wake_claimer();
         }
     }
 
@@ -187,21 +253,50 @@ impl Engine {
         action: Result<Action, String>,
         attempts: u32,
     ) -> FinishedRun {
-        let (uuid, kind) = match plan.life_and_kind() {
-            Some((uuid, kind)) => (uuid.to_string(), kind),
-            None => (plan.plan_id.clone(), PlanKind::Birth),
+        let owner = plan.owner();
+        // Timers and tasks name themselves in X-Kairos-Life / X-Kairos-Plan too, and add
+        // their own headers. A timer's Idempotency-Key names the slot: each slot is a
+        // different piece of work for the target.
+        let (uuid, plan_word, extra_headers): (String, &'static str, Vec<(&'static str, String)>) =
+            match owner {
+                Some(Owner::Life(uuid, kind)) => (uuid.to_string(), kind.as_str(), Vec::new()),
+                Some(Owner::Timer(name)) => (
+                    name.to_string(),
+                    "timer",
+                    vec![
+                        ("x-kairos-timer", name.to_string()),
+                        (
+                            "idempotency-key",
+                            format!("{}@{}", plan.plan_id, plan.fire_at_ms),
+                        ),
+                    ],
+                ),
+                Some(Owner::Task { queue, task }) => (
+                    format!("{queue}/{task}"),
+                    "task",
+                    vec![
+                        ("x-kairos-queue", queue.to_string()),
+                        ("x-kairos-task", task.to_string()),
+                    ],
+                ),
+                None => (plan.plan_id.clone(), "birth", Vec::new()),
+            };
+        let kind = match owner {
+            Some(Owner::Life(_, kind)) => kind,
+            _ => PlanKind::Birth,
         };
         let started_at_ms = self.clock.now_ms();
         let result = match &action {
             Ok(Action::Webhook(webhook)) => {
                 let ctx = CallContext {
                     life_uuid: &uuid,
-                    plan: kind.as_str(),
+                    plan: plan_word,
                     execution_count: attempts,
                     fire_at_ms: plan.fire_at_ms,
                     resource_id: plan.resource_id.as_deref(),
+                    extra_headers: &extra_headers,
                 };
-                self.webhook.call(webhook, &ctx).await
+                bounded(plan.opts.timeout_ms, self.webhook.call(webhook, &ctx)).await
             }
             Ok(Action::Plugin(p)) => {
                 let ctx = InvokeContext {
@@ -212,9 +307,14 @@ impl Engine {
                     resource_id: plan.resource_id.clone(),
                 };
                 let input = p.input.to_string();
+                // The booking's own limit and a timer's `timeout`: the shorter one.
+                let timeout_ms = match (p.timeout_ms, plan.opts.timeout_ms) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 let invocation = self
                     .plugins
-                    .invoke(&p.plugin, &ctx, &input, p.timeout_ms)
+                    .invoke(&p.plugin, &ctx, &input, timeout_ms)
                     .await;
                 plugin_result(&p.plugin, invocation)
             }
@@ -225,17 +325,39 @@ impl Engine {
             },
         };
         let finished_at_ms = self.clock.now_ms();
-        let (outcome, word) = decide(
-            &result,
-            attempts,
-            action.as_ref().ok(),
-            kind,
-            &self.config.execution_retry_codes,
-            self.config.death_retry_interval.as_millis() as i64,
-            finished_at_ms,
-        );
-        self.metrics
-            .record_run(kind, word, Some(started_at_ms - plan.fire_at_ms));
+        let (outcome, word) = match owner {
+            Some(Owner::Timer(_)) => decide_timer(
+                &result,
+                attempts,
+                plan.opts.retries.unwrap_or(DEFAULT_TIMER_RETRIES),
+                action.as_ref().map(|a| a.retry_interval_ms()).unwrap_or(0),
+                &self.config.execution_retry_codes,
+                finished_at_ms,
+            ),
+            // Any failure of a task is retried under its queue's retry block, which the
+            // finisher applies (it reads the queue once per batch).
+            Some(Owner::Task { .. }) if result.is_success() => (RunOutcome::Done, "success"),
+            Some(Owner::Task { .. }) => (RunOutcome::Failed, "failed"),
+            _ => decide(
+                &result,
+                attempts,
+                action.as_ref().ok(),
+                kind,
+                &self.config.execution_retry_codes,
+                self.config.death_retry_interval.as_millis() as i64,
+                finished_at_ms,
+            ),
+        };
+        match owner {
+            Some(Owner::Timer(_)) => self
+                .metrics
+                .record_timer_run(word, started_at_ms - plan.fire_at_ms),
+            // A task's outcome is final only once its queue's retry block is applied.
+            Some(Owner::Task { .. }) => {}
+            _ => self
+                .metrics
+                .record_run(kind, word, Some(started_at_ms - plan.fire_at_ms)),
+        }
         if result.error.is_some() {
             tracing::info!(plan = %plan.plan_id, attempts, outcome = word, error = ?result.error, "run did not succeed");
         }
@@ -285,7 +407,53 @@ impl Engine {
     /// then another host's supervisor may have taken the Plans over, and they run again
     /// (at-least-once).
     async fn record_batch(&self, batch: &[Finished]) {
-        let runs: Vec<FinishedRun> = batch.iter().map(|f| f.run.clone()).collect();
+        let mut lives = Vec::new();
+        let mut tasks = Vec::new();
+        let mut timers = Vec::new();
+        for f in batch {
+            match f.run.plan.owner() {
+                Some(Owner::Task { .. }) => tasks.push(f.run.clone()),
+                Some(Owner::Timer(_)) => timers.push(f.run.clone()),
+                _ => lives.push(f.run.clone()),
+            }
+        }
+        if !lives.is_empty() {
+            self.record_lives(lives).await;
+        }
+        if !tasks.is_empty() {
+            self.record_tasks(tasks).await;
+        }
+        for run in timers {
+            self.record_timer(run).await;
+        }
+    }
+
+    /// Calls `write` until it succeeds, retrying while Redis is away, for at most the
+    /// lease time (after which another host may have taken the Plans over).
+    pub(crate) async fn retry_store<T, F, Fut>(&self, what: &str, mut write: F) -> Option<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = redis::RedisResult<T>>,
+    {
+        let give_up = tokio::time::Instant::now() + self.config.lease_ttl;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            match write().await {
+                Ok(v) => return Some(v),
+                Err(e) if tokio::time::Instant::now() < give_up => {
+                    tracing::warn!(error = %e, what, "cannot record finished runs; retrying");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, what, "gave up recording finished runs; the self-audit hands these Plans back and they run again");
+                    return None;
+                }
+            }
+        }
+    }
+
+    async fn record_lives(&self, runs: Vec<FinishedRun>) {
         let give_up = tokio::time::Instant::now() + self.config.lease_ttl;
         let mut pause = Duration::from_millis(50);
         loop {

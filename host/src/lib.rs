@@ -14,10 +14,13 @@
 //! - [`plugins`]: WebAssembly action plugins: registry, sandboxed runtime, routes.
 //! - [`outbound`]: which targets actions may reach.
 //! - [`supervisor`]: leases, takeover of crashed hosts' Plans, retention sweep.
+//! - [`timers`]: recurring timers (SPEC 5) over the same Plans; [`schedule`]: cron and
+//!   times-of-day schedules with their DST rule.
+//! - [`queues`]: task queues (SPEC 6) with rate, concurrency and retry blocks.
 //! - [`metrics`]: counters and the lateness histogram behind `/metrics`.
 //! - [`managed_redis`]: the redis-server `kairos serve` runs when none is configured.
 //! - [`server`]: wires it all together with graceful shutdown.
-//! - [`cli`]: `kairos book|ls|show|cancel`, a client of the REST API.
+//! - [`cli`]: `kairos book|ls|show|cancel|timers|queues`, a client of the REST API.
 
 pub mod actions;
 pub mod api;
@@ -33,7 +36,10 @@ pub mod metrics;
 pub mod model;
 pub mod outbound;
 pub mod plugins;
+pub mod queues;
+pub mod schedule;
 pub mod scheduler;
 pub mod server;
 pub mod store;
 pub mod supervisor;
+pub mod timers;

@@ -14,6 +14,10 @@ const LATENESS_BUCKETS: [f64; 12] = [
     0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
 ];
 
+/// Plan labels of `kairos_runs_total`: a Life's birth or death, a timer's run, a queue
+/// task's run.
+const PLANS: [&str; 4] = ["birth", "death", "timer", "task"];
+
 /// Outcomes a run is counted under (the words of the Plan's history).
 const OUTCOMES: [&str; 4] = ["success", "retry", "failed", "invalidated"];
 
@@ -24,8 +28,8 @@ pub struct Metrics {
     pub bookings_accepted: AtomicU64,
     /// Requests refused with a 4xx by the booking routes.
     pub bookings_refused: AtomicU64,
-    /// Runs by plan kind (birth, death) and outcome.
-    runs: [[AtomicU64; OUTCOMES.len()]; 2],
+    /// Runs by plan (birth, death, timer, task) and outcome.
+    runs: [[AtomicU64; OUTCOMES.len()]; PLANS.len()],
     /// Fire lateness (start of the run − its fire time): cumulative bucket counts.
     lateness_buckets: [AtomicU64; LATENESS_BUCKETS.len()],
     lateness_count: AtomicU64,
@@ -44,8 +48,23 @@ fn kind_index(kind: PlanKind) -> usize {
 impl Metrics {
     /// Counts one run and, for runs that started, its lateness.
     pub fn record_run(&self, kind: PlanKind, outcome: &str, lateness_ms: Option<i64>) {
+        self.record_plan_run(kind_index(kind), outcome, lateness_ms);
+    }
+
+    /// Counts one run of a timer, with its lateness.
+    pub fn record_timer_run(&self, outcome: &str, lateness_ms: i64) {
+        self.record_plan_run(2, outcome, Some(lateness_ms));
+    }
+
+    /// Counts one run of a queue task. No lateness: a task's start also waits for its
+    /// queue's rate and concurrency, which is not the engine being late.
+    pub fn record_task_run(&self, outcome: &str) {
+        self.record_plan_run(3, outcome, None);
+    }
+
+    fn record_plan_run(&self, plan: usize, outcome: &str, lateness_ms: Option<i64>) {
         if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
-            self.runs[kind_index(kind)][i].fetch_add(1, Ordering::Relaxed);
+            self.runs[plan][i].fetch_add(1, Ordering::Relaxed);
         }
         if let Some(ms) = lateness_ms {
             let secs = ms.max(0) as f64 / 1000.0;
@@ -85,7 +104,7 @@ impl Metrics {
             "# HELP kairos_runs_total Action runs on this host by Plan kind and outcome."
         );
         let _ = writeln!(out, "# TYPE kairos_runs_total counter");
-        for (k, kind) in ["birth", "death"].iter().enumerate() {
+        for (k, kind) in PLANS.iter().enumerate() {
             for (o, outcome) in OUTCOMES.iter().enumerate() {
                 let _ = writeln!(
                     out,
@@ -147,15 +166,19 @@ mod tests {
         m.record_run(PlanKind::Birth, "success", Some(40));
         m.record_run(PlanKind::Death, "retry", Some(0));
         m.record_run(PlanKind::Birth, "invalidated", None);
+        m.record_timer_run("failed", 2);
+        m.record_task_run("retry");
         let text = m.render(&[("kairos_due_plans", "Plans waiting.", 7)]);
         assert!(text.contains("kairos_runs_total{plan=\"birth\",outcome=\"success\"} 2\n"));
         assert!(text.contains("kairos_runs_total{plan=\"death\",outcome=\"retry\"} 1\n"));
         assert!(text.contains("kairos_runs_total{plan=\"birth\",outcome=\"invalidated\"} 1\n"));
+        assert!(text.contains("kairos_runs_total{plan=\"timer\",outcome=\"failed\"} 1\n"));
+        assert!(text.contains("kairos_runs_total{plan=\"task\",outcome=\"retry\"} 1\n"));
         assert!(text.contains("kairos_fire_lateness_seconds_bucket{le=\"0.001\"} 1\n"));
-        assert!(text.contains("kairos_fire_lateness_seconds_bucket{le=\"0.005\"} 2\n"));
-        assert!(text.contains("kairos_fire_lateness_seconds_bucket{le=\"0.05\"} 3\n"));
-        assert!(text.contains("kairos_fire_lateness_seconds_count 3\n"));
-        assert!(text.contains("kairos_fire_lateness_seconds_sum 0.043\n"));
+        assert!(text.contains("kairos_fire_lateness_seconds_bucket{le=\"0.005\"} 3\n"));
+        assert!(text.contains("kairos_fire_lateness_seconds_bucket{le=\"0.05\"} 4\n"));
+        assert!(text.contains("kairos_fire_lateness_seconds_count 4\n"));
+        assert!(text.contains("kairos_fire_lateness_seconds_sum 0.045\n"));
         assert!(text.contains("# TYPE kairos_due_plans gauge\nkairos_due_plans 7\n"));
     }
 }

@@ -174,6 +174,30 @@ pub struct PluginAction {
     pub retry_interval_ms: u64,
 }
 
+/// How a timer's runs go (stored as the `opts` JSON of its Plan; Lives and queue tasks
+/// have none and take the defaults).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RunOpts {
+    /// 1 (high) to 4 (low): among runs waiting for a worker, a lower number goes first.
+    /// Plans without one rank as 2.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub priority: Option<u8>,
+    /// Retries of a failed run (codes in `execution_retry_codes`) before it counts as
+    /// failed.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub retries: Option<u32>,
+    /// Wall-clock bound of one run.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub timeout_ms: Option<u64>,
+}
+
+impl RunOpts {
+    /// The rank among waiting runs (1 first).
+    pub fn rank(&self) -> u8 {
+        self.priority.unwrap_or(2)
+    }
+}
+
 fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }

@@ -17,7 +17,8 @@
 //! Redis, member of `held:{host}`) until `finish_run` or a hand-back releases it, so a
 //! crash at any point leaves it to the supervisor of another host.
 
-use std::collections::{BTreeMap, HashSet};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -36,6 +37,9 @@ use crate::store::{Claimed, Store};
 
 /// Most Plans one `claim` call moves.
 const CLAIM_BATCH: usize = 1000;
+/// How far ahead queue tasks are claimed: they may still have to wait for their queue's
+/// tokens, and a backlog waits in Redis (`due_tasks`), not in a host's memory.
+const TASK_LOOKAHEAD_MS: i64 = 1000;
 
 /// The firing engine of one host: scheduler, workers and supervisor share it.
 pub struct Engine {
@@ -64,6 +68,54 @@ pub struct Engine {
     starved: AtomicBool,
     queue_tx: mpsc::Sender<Claimed>,
     queue_rx: Mutex<Option<mpsc::Receiver<Claimed>>>,
+}
+
+/// Fired Plans waiting for a worker, best first: priority rank (1 first), then fire time,
+/// then arrival.
+#[derive(Default)]
+pub(crate) struct WaitingRuns {
+    heap: BinaryHeap<(Reverse<WaitKey>, WaitingRun)>,
+    arrivals: u64,
+}
+
+/// (priority rank, fire time ms, arrival number).
+type WaitKey = (u8, i64, u64);
+
+/// A Plan in `WaitingRuns`; the key alone orders the heap.
+struct WaitingRun(Claimed);
+
+impl PartialEq for WaitingRun {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+impl Eq for WaitingRun {}
+impl PartialOrd for WaitingRun {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for WaitingRun {
+    fn cmp(&self, _: &Self) -> std::cmp::Ordering {
+        std::cmp::Ordering::Equal
+    }
+}
+
+impl WaitingRuns {
+    pub(crate) fn push(&mut self, plan: Claimed) {
+        self.arrivals += 1;
+        let key = (plan.opts.rank(), plan.fire_at_ms, self.arrivals);
+        self.heap.push((Reverse(key), WaitingRun(plan)));
+    }
+    pub(crate) fn pop(&mut self) -> Option<Claimed> {
+        self.heap.pop().map(|(_, run)| run.0)
+    }
+    pub(crate) fn len(&self) -> usize {
+        self.heap.len()
+    }
+    pub(crate) fn is_empty(&self) -> bool {
+        self.heap.is_empty()
+    }
 }
 
 /// A watch channel that turns true once, when the host begins to shut down.
@@ -198,11 +250,34 @@ impl Engine {
     async fn claimer(self: Arc<Self>, mut shutdown: ShutdownSignal) {
         loop {
             self.claim_pass().await;
+            let pause = self.until_next_task().await;
             tokio::select! {
-                _ = tokio::time::sleep(self.config.booking_plan_watch_interval) => {}
+                _ = tokio::time::sleep(pause) => {}
                 _ = self.claim_wakeup.notified() => {}
                 _ = until_shutdown(&mut shutdown) => return,
             }
+        }
+    }
+
+    /// How long the claimer may sleep: the watch interval, or less when a queue task
+    /// comes within its look-ahead sooner (tasks are not claimed a whole window ahead, so
+    /// nothing else would wake the claimer for them).
+    async fn until_next_task(&self) -> Duration {
+        let interval = self.config.booking_plan_watch_interval;
+        if self.starved.load(Ordering::Acquire) {
+            return interval;
+        }
+        let now_ms = self.clock.now_ms();
+        match self
+            .store
+            .next_task_due_ms(now_ms + TASK_LOOKAHEAD_MS)
+            .await
+        {
+            Ok(Some(next_ms)) => {
+                let wait_ms = (next_ms - TASK_LOOKAHEAD_MS - now_ms).max(10) as u64;
+                interval.min(Duration::from_millis(wait_ms))
+            }
+            _ => interval,
         }
     }
 
@@ -226,6 +301,7 @@ impl Engine {
                     now_ms + self.window_ms(),
                     limit,
                     now_ms + self.lease_ms(),
+                    now_ms + TASK_LOOKAHEAD_MS,
                 )
                 .await
             {
@@ -298,7 +374,9 @@ impl Engine {
     }
 
     /// Takes fired Plans from the queue, as many at once as there are free worker slots
-    /// (up to `START_BATCH`), and starts them with one Redis call per batch.
+    /// (up to `START_BATCH`), and starts them with one Redis call per batch. Runs that
+    /// wait for a worker go by priority (a timer's 1..4; other Plans rank 2), then by
+    /// fire time: whatever is in the queue is pulled into a heap before each pick.
     async fn worker_pool(
         self: Arc<Self>,
         mut rx: mpsc::Receiver<Claimed>,
@@ -307,24 +385,33 @@ impl Engine {
         let slots = Arc::new(Semaphore::new(self.config.workers));
         let (finished_tx, finished_rx) = mpsc::unbounded_channel();
         let finisher = tokio::spawn(self.clone().finisher(finished_rx));
+        let mut waiting = WaitingRuns::default();
+        let room = self.config.timedout_queue_max_size.max(START_BATCH);
         loop {
             let slot = tokio::select! {
                 s = slots.clone().acquire_owned() => s.expect("semaphore never closes"),
                 _ = until_shutdown(&mut shutdown) => break,
             };
-            let first = tokio::select! {
-                plan = rx.recv() => match plan { Some(p) => p, None => break },
-                _ = until_shutdown(&mut shutdown) => break,
-            };
+            if waiting.is_empty() {
+                let first = tokio::select! {
+                    plan = rx.recv() => match plan { Some(p) => p, None => break },
+                    _ = until_shutdown(&mut shutdown) => break,
+                };
+                waiting.push(first);
+            }
+            while waiting.len() < room {
+                match rx.try_recv() {
+                    Ok(plan) => waiting.push(plan),
+                    Err(_) => break,
+                }
+            }
+            let first = waiting.pop().expect("at least one run waits");
             let mut batch = vec![(first, slot)];
-            while batch.len() < START_BATCH {
+            while batch.len() < START_BATCH && !waiting.is_empty() {
                 let Ok(slot) = slots.clone().try_acquire_owned() else {
                     break;
                 };
-                match rx.try_recv() {
-                    Ok(plan) => batch.push((plan, slot)),
-                    Err(_) => break,
-                }
+                batch.push((waiting.pop().expect("not empty"), slot));
             }
             self.start_batch(batch, &finished_tx).await;
         }
@@ -403,5 +490,48 @@ impl Engine {
                 _ = until_shutdown(&mut shutdown) => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::RunOpts;
+
+    fn plan(id: &str, fire_at_ms: i64, priority: Option<u8>) -> Claimed {
+        Claimed {
+            plan_id: id.into(),
+            fire_at_ms,
+            claim: "1".into(),
+            action: String::new(),
+            attempts: 0,
+            resource_id: None,
+            opts: RunOpts {
+                priority,
+                ..RunOpts::default()
+            },
+        }
+    }
+
+    #[test]
+    fn waiting_runs_go_by_priority_then_fire_time_then_arrival() {
+        let mut w = WaitingRuns::default();
+        w.push(plan("low:timer", 100, Some(4)));
+        w.push(plan("life-late:birth", 300, None));
+        w.push(plan("high:timer", 500, Some(1)));
+        w.push(plan("life-early:birth", 200, None));
+        w.push(plan("same-time-second:birth", 200, None));
+        let order: Vec<String> = std::iter::from_fn(|| w.pop()).map(|p| p.plan_id).collect();
+        assert_eq!(
+            order,
+            [
+                "high:timer",
+                "life-early:birth",
+                "same-time-second:birth",
+                "life-late:birth",
+                "low:timer"
+            ]
+        );
+        assert!(w.is_empty());
     }
 }

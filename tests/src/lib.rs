@@ -435,6 +435,10 @@ impl Api {
         self.raw(Method::POST, path, serde_json::to_vec(body).unwrap(), &[])
             .await
     }
+    pub async fn put(&self, path: &str, body: &Value) -> Reply {
+        self.raw(Method::PUT, path, serde_json::to_vec(body).unwrap(), &[])
+            .await
+    }
     pub async fn patch(&self, path: &str, body: &Value) -> Reply {
         self.raw(Method::PATCH, path, serde_json::to_vec(body).unwrap(), &[])
             .await

@@ -111,6 +111,76 @@ async fn the_cli_books_lists_shows_and_cancels() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_lists_and_shows_timers_and_queues() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--api-tokens", "root:admin,peek:read")]),
+    );
+    let api = Api::new(&host).with_token("root");
+    let (status, reply) = api
+        .post(
+            "/timers",
+            &serde_json::json!({"name": "nightly", "schedule": "02:00 14:00",
+                                "timezone": "Asia/Tokyo", "action": hook("n"), "priority": 3}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let (status, _) = api
+        .put(
+            "/queues/mail",
+            &serde_json::json!({"rate": 2, "max_concurrent": 4}),
+        )
+        .await;
+    assert_eq!(status, 200);
+
+    let (code, out, err) = kairos(&host, "peek", &["timers"], None);
+    assert_eq!(code, 0, "{err}");
+    let rows: Vec<&str> = out.lines().collect();
+    assert!(rows[0].starts_with("TIMER"), "{out}");
+    assert!(
+        rows[1].starts_with("nightly")
+            && rows[1].contains("Asia/Tokyo")
+            && rows[1].contains("02:00 14:00"),
+        "{out}"
+    );
+    let (code, out, err) = kairos(&host, "peek", &["timers", "show", "nightly"], None);
+    assert_eq!(code, 0, "{err}");
+    let timer: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(timer["preview"].as_array().unwrap().len(), 5);
+    assert!(
+        timer["preview"][0].as_str().unwrap().ends_with("+09:00"),
+        "{timer:#}"
+    );
+
+    let (code, out, err) = kairos(&host, "peek", &["queues"], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().next().unwrap().starts_with("QUEUE"), "{out}");
+    let mail = out
+        .lines()
+        .find(|l| l.starts_with("mail"))
+        .expect("mail listed");
+    assert!(mail.contains("running") && mail.contains(" 2 "), "{out}");
+    assert!(out.lines().any(|l| l.starts_with("default")), "{out}");
+    let (code, out, _) = kairos(&host, "peek", &["queues", "show", "mail"], None);
+    assert_eq!(code, 0);
+    let queue: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(queue["max_concurrent"], 4);
+
+    // Changes need the admin scope.
+    let (code, _, err) = kairos(&host, "peek", &["queues", "pause", "mail"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("403 forbidden"), "{err}");
+    let (code, out, err) = kairos(&host, "root", &["queues", "pause", "mail"], None);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("paused"), "{out}");
+    let (code, _, err) = kairos(&host, "peek", &["timers", "runs", "nope"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("404 not_found"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_uploads_lists_shows_and_deletes_plugins() {
     let redis = RedisServer::start();
     let sink = Sink::start().await;

@@ -78,7 +78,7 @@ async fn a_plugin_action_fires_with_its_output_and_logs_and_reaches_an_allowed_s
     assert_eq!(call.path, "/forwarded");
     assert_eq!(call.query.as_deref(), Some("x=1"));
     assert_eq!(call.header("x-custom"), Some("yes"));
-    assert_eq!(call.header("x-kairos-life-id"), Some(id));
+    assert_eq!(call.header("x-kairos-life"), Some(id));
     assert_eq!(call.header("content-type"), Some("application/json"));
     let body: Value = serde_json::from_slice(&call.body).unwrap();
     assert_eq!(body, json!({"order": 42}));
@@ -611,4 +611,71 @@ async fn a_plugin_in_use_is_not_deleted_unless_forced() {
         redis.cli(&["--scan", "--pattern", "kairos:wasm:*"]).trim(),
         ""
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_and_queue_tasks_run_plugin_actions() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let port = sink.addr.port();
+    upload_plugin(
+        &api,
+        "http-forward",
+        "http-forward",
+        &format!("allowed_hosts=127.0.0.1:{port}"),
+    )
+    .await;
+    let forward = |path: &str| {
+        json!({"plugin": "http-forward",
+               "input": {"url": format!("{}{path}", sink.base_url()), "body": {"from": path}}})
+    };
+
+    let (status, reply) = api
+        .post(
+            "/timers",
+            &json!({"name": "nope", "schedule": "*/1 * * * * *",
+                    "action": {"plugin": "missing", "input": {}}}),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (400, Some("unknown_plugin"))
+    );
+    let (status, reply) = api
+        .post(
+            "/timers",
+            &json!({"name": "plug", "schedule": "*/1 * * * * *", "action": forward("/from-timer")}),
+        )
+        .await;
+    assert!(status == 200 || status == 201, "{status} {reply}");
+    let (status, reply) = api
+        .post(
+            "/queues/default/tasks",
+            &json!({"name": "plug-1", "action": forward("/from-queue")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let got = sink.received();
+        let timer_calls = got.iter().filter(|r| r.path == "/from-timer").count();
+        let queue_calls = got.iter().filter(|r| r.path == "/from-queue").count();
+        if timer_calls >= 2 && queue_calls == 1 {
+            let body: Value =
+                serde_json::from_slice(&got.iter().find(|r| r.path == "/from-queue").unwrap().body)
+                    .unwrap();
+            assert_eq!(body, json!({"from": "/from-queue"}));
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timer calls {timer_calls}, queue calls {queue_calls}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (status, _) = api.delete("/timers/plug").await;
+    assert!(status == 200 || status == 204);
 }

@@ -33,6 +33,9 @@ pub struct CallContext<'a> {
     pub execution_count: u32,
     pub fire_at_ms: i64,
     pub resource_id: Option<&'a str>,
+    /// Headers of timers and queue tasks (`X-Kairos-Queue`, `X-Kairos-Task`, ...), set
+    /// after the ones above so that they may replace them (`Idempotency-Key`).
+    pub extra_headers: &'a [(&'static str, String)],
 }
 
 /// How a call ended. `status` is 599 for connect errors and timeouts, None when the call
@@ -233,6 +236,9 @@ impl WebhookAgent {
         set("x-kairos-eta", ctx.fire_at_ms.to_string());
         if let Some(rid) = ctx.resource_id {
             set("x-kairos-resource", rid.to_string());
+        }
+        for (name, value) in ctx.extra_headers {
+            set(name, value.clone());
         }
         if let Some(key) = &self.signing_key {
             set(

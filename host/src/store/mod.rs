@@ -18,6 +18,14 @@
 //!   `run:{plan}:{attempt}` (JSON) of its Life hash, which is the Life's history.
 //!   `finished` (sorted set, score = finish time): Lives to sweep after retention.
 //!   `notify` (pub/sub channel): a Plan became due within the look-ahead window.
+//! - Timers (`timers.rs`) and queues (`queues.rs`) add their own keys; their Plans go
+//!   through the same `due`, `held:{host}`, `claim` and `start_run` as a Life's.
+
+mod queues;
+mod timers;
+
+pub use queues::{NewTask, QueueCounts};
+pub use timers::{NextRun, TimerFinish, TimerPut, TIMER_RUNS_KEPT};
 
 use std::collections::HashMap;
 
@@ -29,7 +37,7 @@ use serde_json::{json, Map, Value};
 
 use crate::booking::NewLife;
 use crate::error::ApiError;
-use crate::model::{Action, PlanKind, ScheduleType};
+use crate::model::{Action, PlanKind, RunOpts, ScheduleType};
 
 /// Builds key names under one prefix.
 #[derive(Debug, Clone)]
@@ -103,6 +111,16 @@ struct Scripts {
     reclaim: Script,
     release: Script,
     sweep: Script,
+    timer_put: Script,
+    timer_run: Script,
+    timer_delete: Script,
+    finish_timer: Script,
+    queue_put: Script,
+    queue_purge: Script,
+    queue_resume: Script,
+    task_add: Script,
+    task_change: Script,
+    finish_task: Script,
 }
 
 fn script(body: &str) -> Script {
@@ -121,6 +139,16 @@ impl Scripts {
             reclaim: script(include_str!("scripts/reclaim.lua")),
             release: script(include_str!("scripts/release.lua")),
             sweep: script(include_str!("scripts/sweep.lua")),
+            timer_put: script(include_str!("scripts/timer_put.lua")),
+            timer_run: script(include_str!("scripts/timer_run.lua")),
+            timer_delete: script(include_str!("scripts/timer_delete.lua")),
+            finish_timer: script(include_str!("scripts/finish_timer.lua")),
+            queue_put: script(include_str!("scripts/queue_put.lua")),
+            queue_purge: script(include_str!("scripts/queue_purge.lua")),
+            queue_resume: script(include_str!("scripts/queue_resume.lua")),
+            task_add: script(include_str!("scripts/task_add.lua")),
+            task_change: script(include_str!("scripts/task_change.lua")),
+            finish_task: script(include_str!("scripts/finish_task.lua")),
         }
     }
 }
@@ -135,6 +163,19 @@ pub struct Claimed {
     pub action: String,
     pub attempts: u32,
     pub resource_id: Option<String>,
+    /// A timer's priority, retries and timeout (default for Lives and tasks).
+    pub opts: RunOpts,
+}
+
+/// Whose Plan a claimed Plan is, from its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner<'a> {
+    /// `{uuid}:{birth|death}`.
+    Life(&'a str, PlanKind),
+    /// `{name}:timer`.
+    Timer(&'a str),
+    /// `{queue}/{task}:task`.
+    Task { queue: &'a str, task: &'a str },
 }
 
 impl Claimed {
@@ -142,6 +183,19 @@ impl Claimed {
     pub fn life_and_kind(&self) -> Option<(&str, PlanKind)> {
         let (uuid, kind) = self.plan_id.rsplit_once(':')?;
         Some((uuid, kind.parse().ok()?))
+    }
+
+    /// Whose Plan this is.
+    pub fn owner(&self) -> Option<Owner<'_>> {
+        let (head, kind) = self.plan_id.rsplit_once(':')?;
+        match kind {
+            "timer" => Some(Owner::Timer(head)),
+            "task" => {
+                let (queue, task) = head.split_once('/')?;
+                Some(Owner::Task { queue, task })
+            }
+            other => Some(Owner::Life(head, other.parse().ok()?)),
+        }
     }
 }
 
@@ -156,6 +210,11 @@ pub enum StartOutcome {
     Busy,
     /// A birth missed by more than birth_delay_limit_time; recorded, nothing to run.
     Invalidated,
+    /// A queue task its queue does not admit yet (paused, rate, max_concurrent): try
+    /// again after this many ms.
+    Wait { retry_in_ms: i64 },
+    /// A queue task that must wait longer: it went back to `due_tasks`; drop it.
+    Deferred,
 }
 
 /// How a run ended, as `finish_run` records it.
@@ -729,39 +788,51 @@ impl Store {
 
     // ---- firing engine ----
 
-    /// Claims up to `limit` Plans due before `until_ms` for `host`.
+    /// Claims up to `limit` Plans due before `until_ms` (queue tasks: before
+    /// `tasks_until_ms`) for `host`.
     pub async fn claim(
         &self,
         host: &str,
         until_ms: i64,
         limit: usize,
         heartbeat_deadline_ms: i64,
+        tasks_until_ms: i64,
     ) -> redis::RedisResult<Vec<Claimed>> {
         let k = &self.keys;
         let mut conn = self.conn.clone();
-        let rows: Vec<(String, String, String, String, String, String)> = self
+        #[allow(clippy::type_complexity)]
+        let rows: Vec<(String, String, String, String, String, String, String)> = self
             .scripts
             .claim
             .key(k.due())
             .key(k.held(host))
             .key(k.hosts())
+            .key(k.due_tasks())
             .arg(&k.prefix)
             .arg(host)
             .arg(until_ms)
             .arg(limit)
             .arg(heartbeat_deadline_ms)
+            .arg(tasks_until_ms)
             .invoke_async(&mut conn)
             .await?;
         Ok(rows
             .into_iter()
-            .map(|(plan_id, fire, claim, action, attempts, rid)| Claimed {
-                plan_id,
-                fire_at_ms: fire.parse::<f64>().map(|f| f as i64).unwrap_or(0),
-                claim,
-                action,
-                attempts: attempts.parse().unwrap_or(0),
-                resource_id: (!rid.is_empty()).then_some(rid),
-            })
+            .map(
+                |(plan_id, fire, claim, action, attempts, rid, opts)| Claimed {
+                    plan_id,
+                    fire_at_ms: fire.parse::<f64>().map(|f| f as i64).unwrap_or(0),
+                    claim,
+                    action,
+                    attempts: attempts.parse().unwrap_or(0),
+                    resource_id: (!rid.is_empty()).then_some(rid),
+                    opts: if opts.is_empty() {
+                        RunOpts::default()
+                    } else {
+                        serde_json::from_str(&opts).unwrap_or_default()
+                    },
+                },
+            )
             .collect())
     }
 
@@ -797,6 +868,10 @@ impl Store {
             .map(|r| match r.as_str() {
                 "busy" => StartOutcome::Busy,
                 "invalidated" => StartOutcome::Invalidated,
+                "deferred" => StartOutcome::Deferred,
+                other if other.starts_with("wait:") => StartOutcome::Wait {
+                    retry_in_ms: other[5..].parse().unwrap_or(50),
+                },
                 other => match other.strip_prefix("run:").and_then(|a| a.parse().ok()) {
                     Some(attempts) => StartOutcome::Run { attempts },
                     None => StartOutcome::Lost,
@@ -839,27 +914,7 @@ impl Store {
                 .life_and_kind()
                 .map(|(_, k)| k.as_str())
                 .unwrap_or("birth");
-            let mut record = json!({
-                "plan": kind,
-                "attempt": r.attempt,
-                "should_run_at": r.should_run_at_ms,
-                "started_at": r.started_at_ms,
-                "duration_ms": r.duration_ms,
-                "host": host,
-                "outcome": r.outcome,
-            });
-            if let Some(status) = r.status {
-                record["status"] = Value::from(status);
-            }
-            if let Some(error) = &r.error {
-                record["error"] = Value::from(error.as_str());
-            }
-            if let Some(output) = &r.output {
-                record["output"] = output.clone();
-            }
-            if !r.logs.is_empty() {
-                record["logs"] = json!(r.logs);
-            }
+            let record = run_record_json(host, kind, r);
             // The RFC 3339 form is needed only where the script writes a new fire time.
             let next_rfc = if matches!(run.outcome, RunOutcome::Retry { .. }) {
                 self.fmt(next_ms)
@@ -921,14 +976,17 @@ impl Store {
             .await
     }
 
-    /// Plans waiting in the due set, and hosts whose lease is current at `now_ms`.
+    /// Plans waiting in the due sets (queue tasks included), and hosts whose lease is
+    /// current at `now_ms`.
     pub async fn cluster_stats(&self, now_ms: i64) -> redis::RedisResult<(i64, i64)> {
         let mut conn = self.conn.clone();
-        redis::pipe()
+        let (due, due_tasks, hosts): (i64, i64, i64) = redis::pipe()
             .zcard(self.keys.due())
+            .zcard(self.keys.due_tasks())
             .zcount(self.keys.hosts(), now_ms, "+inf")
             .query_async(&mut conn)
-            .await
+            .await?;
+        Ok((due + due_tasks, hosts))
     }
 
     /// Plans `host` holds with a fire time before `before_ms` (at most `limit`).
@@ -989,6 +1047,32 @@ impl Store {
             .invoke_async(&mut conn)
             .await
     }
+}
+
+/// A run as written to history: the same JSON for Lives, timers and tasks.
+pub(crate) fn run_record_json(host: &str, plan: &str, r: &RunRecord) -> Value {
+    let mut record = json!({
+        "plan": plan,
+        "attempt": r.attempt,
+        "should_run_at": r.should_run_at_ms,
+        "started_at": r.started_at_ms,
+        "duration_ms": r.duration_ms,
+        "host": host,
+        "outcome": r.outcome,
+    });
+    if let Some(status) = r.status {
+        record["status"] = Value::from(status);
+    }
+    if let Some(error) = &r.error {
+        record["error"] = Value::from(error.as_str());
+    }
+    if let Some(output) = &r.output {
+        record["output"] = output.clone();
+    }
+    if !r.logs.is_empty() {
+        record["logs"] = json!(r.logs);
+    }
+    record
 }
 
 fn conflict_error(rid: &str, other: Option<&String>) -> ApiError {
@@ -1077,6 +1161,36 @@ mod tests {
         assert!(lex_in_range(&b, "(0000000000999:zz", "+"));
         assert!(!lex_in_range(&a, "(0000000000999:zz", "+"));
         assert!(lex_in_range(&b, "[1765811100000", "[1765811100000:\u{7f}"));
+    }
+
+    #[test]
+    fn plan_ids_say_whose_plan_it_is() {
+        let claimed = |id: &str| Claimed {
+            plan_id: id.into(),
+            fire_at_ms: 0,
+            claim: "1".into(),
+            action: String::new(),
+            attempts: 0,
+            resource_id: None,
+            opts: RunOpts::default(),
+        };
+        assert_eq!(
+            claimed("6f69:death").owner(),
+            Some(Owner::Life("6f69", PlanKind::Death))
+        );
+        assert_eq!(
+            claimed("nightly-report:timer").owner(),
+            Some(Owner::Timer("nightly-report"))
+        );
+        assert_eq!(
+            claimed("mail/welcome-42:task").owner(),
+            Some(Owner::Task {
+                queue: "mail",
+                task: "welcome-42"
+            })
+        );
+        assert_eq!(claimed("x:sideways").owner(), None);
+        assert_eq!(claimed("no-slash:task").owner(), None);
     }
 
     #[test]

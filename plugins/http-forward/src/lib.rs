@@ -32,7 +32,7 @@ struct Output {
 
 fn run(ctx: Context, input: Input) -> Result<Output, Error> {
     let mut request = http::Request::new(&input.method, &input.url)
-        .header("x-kairos-life-id", &ctx.life_id)
+        .header("x-kairos-life", &ctx.life_id)
         .header(
             "idempotency-key",
             &format!("{}:{}", ctx.life_id, ctx.scheduled_at_ms),

@@ -4,7 +4,8 @@
 //! `scripts/bench` builds a release kairos and runs this in release mode. Sections:
 //! `booking` (throughput over keep-alive with 64 clients, Redis memory per booking) and
 //! `firing` (lateness at 1,000 fires/s, highest sustained rate with p99 < 50 ms, 100,000
-//! Plans due within one second). Pass section names to run only some.
+//! Plans due within one second) and `queue` (tasks added in lists of 100, then delivered
+//! by a queue with no rate or concurrency limit). Pass section names to run only some.
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -346,6 +347,102 @@ async fn fire_rates(host: &Host, redis: &RedisServer, sink: &Arc<SinkLog>) -> us
     best_rate
 }
 
+/// Queue task throughput with no rate limit: 20,000 tasks added in lists of 100 by 16
+/// clients, all with one ETA after the adding ends; then the time until the sink has
+/// them all.
+async fn bench_queue() {
+    println!("## Queue\n");
+    let redis = RedisServer::start_with_fsync("everysec");
+    let (sink_url, sink) = start_sink().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags_with(
+            fast_flags(),
+            &[
+                ("--gateway-url", sink_url.as_str()),
+                ("--max-claimed", "200000"),
+            ],
+        ),
+    );
+    let api = Api::new(&host);
+    let (status, reply) = api
+        .raw(
+            axum::http::Method::PUT,
+            "/queues/bench",
+            serde_json::to_vec(&json!({"rate": 0, "max_concurrent": 0})).unwrap(),
+            &[],
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let count = 20_000usize;
+    let per_call = 100;
+    let clients = 16;
+    let eta = now_ms() + 2_000 + count as i64 / 4;
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let api = Api::new(&host);
+        let next = next.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let first = next.fetch_add(per_call, Ordering::Relaxed);
+                if first >= count {
+                    return;
+                }
+                let list: Vec<serde_json::Value> = (first..(first + per_call).min(count))
+                    .map(|i| json!({"name": format!("t{i}"), "eta": rfc3339_ms(eta), "action": {"path": "/hook", "method": "POST", "body": {"n": i}}}))
+                    .collect();
+                let (status, reply) = api
+                    .raw(
+                        axum::http::Method::POST,
+                        "/queues/bench/tasks",
+                        serde_json::to_vec(&list).unwrap(),
+                        &[],
+                    )
+                    .await;
+                assert_eq!(status, 200, "{reply}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let add_secs = started.elapsed().as_secs_f64();
+    assert!(
+        now_ms() < eta,
+        "adding took longer than the lead time; raise it"
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while sink.arrivals.lock().unwrap().len() < count {
+        assert!(
+            Instant::now() < deadline,
+            "only {} of {count} tasks delivered",
+            sink.arrivals.lock().unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last = sink
+        .arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, at)| *at)
+        .max()
+        .unwrap_or(eta);
+    let drain_secs = (last - eta) as f64 / 1000.0;
+    println!("| measure | result |\n|---|---|");
+    println!(
+        "| `POST /queues/bench/tasks`, {count} tasks in lists of {per_call}, {clients} clients | **{:.0} tasks/s** added ({add_secs:.2} s) |",
+        count as f64 / add_secs
+    );
+    println!(
+        "| {count} tasks due at once, no rate or concurrency limit: first ETA to last arrival | {drain_secs:.2} s, **{:.0} tasks/s** delivered |",
+        count as f64 / drain_secs
+    );
+    println!();
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -359,5 +456,8 @@ async fn main() {
         bench_firing(false).await;
     } else if want("drain") {
         bench_firing(true).await;
+    }
+    if want("queue") {
+        bench_queue().await;
     }
 }

@@ -58,6 +58,11 @@ local function resource_conflict(res_key, lo, hi, exclude)
   return false
 end
 
+-- The queue of a task's Plan id (`{queue}/{task}:task`), nil for other Plans.
+local function task_queue(plan_id)
+  return string.match(plan_id, '^([^/]+)/.*:task$')
+end
+
 local function notify_if_soon(fire_ms, notify_before_ms)
   if tonumber(fire_ms) <= tonumber(notify_before_ms) then
     redis.call('PUBLISH', PREFIX .. 'notify', fire_ms)
@@ -71,7 +76,7 @@ end
 -- Plans from held:{host}.
 local function hand_back(plan_id, host, notify_before_ms, running_before_ms)
   local pk = plan_key(plan_id)
-  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'fire_at_ms', 'started_at_ms')
+  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'fire_at_ms', 'started_at_ms', 'claims')
   if f[1] == 'Running' and running_before_ms
       and tonumber(f[4] or 0) >= tonumber(running_before_ms) then
     return -1
@@ -80,10 +85,19 @@ local function hand_back(plan_id, host, notify_before_ms, running_before_ms)
     if f[1] == 'Running' then
       redis.call('HSET', pk, 'state', 'Standby', 'last_error',
         'host ' .. host .. ' stopped while running this Plan; it runs again')
+      -- A queue task's run no longer counts against its queue's max_concurrent.
+      local queue = task_queue(plan_id)
+      if queue then
+        redis.call('SREM', PREFIX .. 'queue:' .. queue .. ':running', plan_id .. '#' .. f[5])
+      end
     else
       redis.call('HSET', pk, 'state', 'Standby')
     end
-    redis.call('ZADD', PREFIX .. 'due', f[3], plan_id)
+    if task_queue(plan_id) then
+      redis.call('ZADD', PREFIX .. 'due_tasks', f[3], plan_id)
+    else
+      redis.call('ZADD', PREFIX .. 'due', f[3], plan_id)
+    end
     notify_if_soon(f[3], notify_before_ms)
     return 1
   end

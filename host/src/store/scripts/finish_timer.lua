@@ -1,0 +1,60 @@
+-- finish_timer: records one finished run of a timer (Plan `{name}:timer`) and schedules
+-- its next slot. The host computed NEXT_MS from the timer's schedule at VERSION; if the
+-- timer changed meanwhile (PATCH, activate, deactivate) the reply is 'changed' and
+-- nothing is written, so the host computes again. A `next_override_ms` set by a PATCH
+-- during the run wins over NEXT_MS. Slots that passed while the run went on (or while no
+-- host ran the timer) arrive as SKIPS records and are logged in the timer's runs list.
+-- outcome 'retry': the Plan fires again at NEXT_MS for the same slot.
+-- outcome 'done' / 'failed': the next slot; an inactive timer (or one that never fires
+-- again: NEXT_MS '') rests in state Inactive.
+-- KEYS: 1 held:{host}, 2 due, 3 runs, 4 timer, 5 plan, 6 timer runs list
+-- ARGV: 1 prefix, 2 host, 3 name, 4 claim, 5 outcome, 6 next_ms ('' = none),
+--       7 next_rfc, 8 version, 9 record JSON, 10 now_ms, 11 notify_before_ms,
+--       12 runs stream max length, 13 runs kept per timer, 14.. skip records (JSON)
+-- Returns 'ok' | 'lost' | 'changed'
+local host, name, claim, outcome = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local next_ms, next_rfc, record, now_ms = ARGV[6], ARGV[7], ARGV[9], ARGV[10]
+local t = redis.call('HMGET', KEYS[4], 'version', 'active', 'next_override_ms', 'next_override')
+if t[1] and t[1] ~= ARGV[8] then return 'changed' end
+local function log_run(entry, word)
+  redis.call('LPUSH', KEYS[6], entry)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[12], '*', 'timer', name, 'outcome', word,
+    'record', entry)
+end
+local plan_id = name .. ':timer'
+local f = redis.call('HMGET', KEYS[5], 'state', 'lease_owner', 'claims')
+if f[1] ~= 'Running' or f[2] ~= host or f[3] ~= claim then
+  if t[1] then log_run(record, outcome) end
+  return 'lost'
+end
+redis.call('ZREM', KEYS[1], plan_id)
+if not t[1] then
+  -- Deleted while it ran.
+  redis.call('DEL', KEYS[5])
+  return 'ok'
+end
+log_run(record, outcome)
+for i = 14, #ARGV do log_run(ARGV[i], 'skipped') end
+redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[13]) - 1)
+redis.call('HSET', KEYS[4], 'last_run_at_ms', now_ms, 'last_outcome', outcome)
+if outcome == 'retry' then
+  redis.call('HSET', KEYS[5], 'state', 'Standby', 'fire_at_ms', next_ms, 'fire_at', next_rfc)
+  redis.call('ZADD', KEYS[2], next_ms, plan_id)
+  notify_if_soon(next_ms, ARGV[11])
+  return 'ok'
+end
+if t[3] then
+  next_ms, next_rfc = t[3], t[4]
+  redis.call('HDEL', KEYS[4], 'next_override_ms', 'next_override')
+end
+if t[2] == '1' and next_ms ~= '' then
+  redis.call('HSET', KEYS[5], 'state', 'Standby', 'fire_at_ms', next_ms, 'fire_at', next_rfc,
+    'slot_ms', next_ms, 'attempts', 0)
+  redis.call('HSET', KEYS[4], 'next_run_ms', next_ms, 'next_run', next_rfc)
+  redis.call('ZADD', KEYS[2], next_ms, plan_id)
+  notify_if_soon(next_ms, ARGV[11])
+else
+  redis.call('HSET', KEYS[5], 'state', 'Inactive', 'attempts', 0)
+  redis.call('HDEL', KEYS[4], 'next_run_ms', 'next_run')
+end
+return 'ok'

@@ -1,0 +1,39 @@
+-- task_add: adds up to 100 tasks to a queue, all or none. A task is a Plan
+-- `{queue}/{task}:task`, waiting in due_tasks (claimed like the due set, see claim); its name is refused while the task
+-- exists or its tombstone (left when it finished or was deleted) has not expired.
+-- The `default` queue is created with DEFAULTS the first time it is used.
+-- KEYS: 1 queue, 2 queue tasks index, 3 due_tasks, 4 queues index
+-- ARGV: 1 prefix, 2 queue, 3 now_ms, 4 now_rfc, 5 notify_before_ms,
+--       6 defaults of the default queue (JSON object of field -> value),
+--       then per task 4 values: name, eta_ms, eta_rfc, action JSON
+-- Returns {'ok'} | {'missing'} | {'duplicate', name}
+local queue = ARGV[2]
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  if queue ~= 'default' then return {'missing'} end
+  local fields = {'state', 'running', 'created_at', ARGV[4]}
+  for k, v in pairs(cjson.decode(ARGV[6])) do
+    fields[#fields + 1] = k
+    fields[#fields + 1] = tostring(v)
+  end
+  redis.call('HSET', KEYS[1], unpack(fields))
+  redis.call('ZADD', KEYS[4], 0, queue)
+end
+for i = 7, #ARGV, 4 do
+  local id = queue .. '/' .. ARGV[i]
+  if redis.call('EXISTS', plan_key(id .. ':task')) == 1
+      or redis.call('EXISTS', PREFIX .. 'tombstone:' .. id) == 1 then
+    return {'duplicate', ARGV[i]}
+  end
+end
+local min_eta
+for i = 7, #ARGV, 4 do
+  local name, eta_ms = ARGV[i], ARGV[i + 1]
+  local plan_id = queue .. '/' .. name .. ':task'
+  redis.call('HSET', plan_key(plan_id), 'state', 'Standby', 'fire_at_ms', eta_ms,
+    'fire_at', ARGV[i + 2], 'action', ARGV[i + 3], 'attempts', 0, 'created_at', ARGV[4])
+  redis.call('ZADD', KEYS[3], eta_ms, plan_id)
+  redis.call('ZADD', KEYS[2], eta_ms, name)
+  if not min_eta or tonumber(eta_ms) < min_eta then min_eta = tonumber(eta_ms) end
+end
+if min_eta then notify_if_soon(min_eta, ARGV[5]) end
+return {'ok'}

@@ -1,0 +1,34 @@
+-- task_change: DELETE /queues/{q}/tasks/{task} ('delete') or POST .../run ('run').
+-- delete: a pending or failed task is removed and its name tombstoned; a running one is
+--   refused (it finishes first).
+-- run: a pending task fires now; a failed one goes back into the queue with its attempts
+--   reset and fires now; a running one is refused. Both still pass the queue's pause,
+--   rate and max_concurrent.
+-- KEYS: 1 plan, 2 queue tasks index, 3 queue failed list, 4 due_tasks
+-- ARGV: 1 prefix, 2 queue, 3 task, 4 mode, 5 now_ms, 6 now_rfc, 7 notify_before_ms,
+--       8 tombstone ms
+-- Returns 'ok' | 'missing' | 'running'
+local queue, task, mode = ARGV[2], ARGV[3], ARGV[4]
+local plan_id = queue .. '/' .. task .. ':task'
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return 'missing' end
+if state == 'Running' then return 'running' end
+release_claim(KEYS[1], plan_id)
+redis.call('ZREM', KEYS[4], plan_id)
+if mode == 'delete' then
+  redis.call('DEL', KEYS[1])
+  redis.call('ZREM', KEYS[2], task)
+  redis.call('ZREM', KEYS[3], task)
+  redis.call('SET', PREFIX .. 'tombstone:' .. queue .. '/' .. task, ARGV[6], 'PX', ARGV[8])
+  return 'ok'
+end
+if state == 'Failed' then
+  redis.call('ZREM', KEYS[3], task)
+  redis.call('HDEL', KEYS[1], 'failed_at_ms', 'failed_at', 'first_attempt_ms')
+  redis.call('HSET', KEYS[1], 'attempts', 0)
+end
+redis.call('HSET', KEYS[1], 'state', 'Standby', 'fire_at_ms', ARGV[5], 'fire_at', ARGV[6])
+redis.call('ZADD', KEYS[2], ARGV[5], task)
+redis.call('ZADD', KEYS[4], ARGV[5], plan_id)
+notify_if_soon(ARGV[5], ARGV[7])
+return 'ok'

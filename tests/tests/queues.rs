@@ -1,0 +1,458 @@
+//! Queues (SPEC section 6) end to end: rate and max_concurrent across two hosts, the
+//! retry block's backoff, the failed list, pause/resume/purge and task names.
+
+use std::time::Duration;
+
+use kairos_e2e::*;
+use serde_json::{json, Value};
+
+fn task(name: &str, tag: &str) -> Value {
+    json!({"name": name, "action": hook(tag)})
+}
+
+fn of_queue(sink: &Sink, queue: &str) -> Vec<Received> {
+    sink.received()
+        .into_iter()
+        .filter(|r| r.header("x-kairos-queue") == Some(queue))
+        .collect()
+}
+
+async fn add(api: &Api, queue: &str, tasks: Vec<Value>) {
+    let (status, reply) = api
+        .post(&format!("/queues/{queue}/tasks"), &Value::Array(tasks))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_holds_across_two_hosts() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let a = Host::start(&redis.url(), &flags(&sink, &[]));
+    let b = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&a);
+    let (status, reply) = api
+        .put(
+            "/queues/slow",
+            &json!({"rate": 5, "bucket_size": 1, "max_concurrent": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["rate"], 5.0);
+
+    // Half the tasks through each host's API: both hosts claim and run them.
+    for (i, api) in [Api::new(&a), Api::new(&b)].iter().enumerate() {
+        let tasks = (0..40)
+            .map(|n| task(&format!("h{i}-{n}"), "rate"))
+            .collect();
+        add(api, "slow", tasks).await;
+    }
+    let first = sink
+        .wait_until("a first task", Duration::from_secs(5), |r| !r.is_empty())
+        .await[0]
+        .at_ms;
+    let from = first + 1_000;
+    let to = from + 10_000;
+    tokio::time::sleep(Duration::from_millis((to - now_ms()).max(0) as u64 + 200)).await;
+    let got = of_queue(&sink, "slow");
+    let in_window = got
+        .iter()
+        .filter(|r| r.at_ms >= from && r.at_ms < to)
+        .count();
+    assert!(
+        (40..=60).contains(&in_window),
+        "5/s ±20% over 10 s is 40 to 60 tasks; got {in_window}"
+    );
+    for r in &got {
+        assert_eq!(r.header("x-kairos-execution-count"), Some("1"));
+        assert_eq!(r.header("x-kairos-retry-count"), Some("0"));
+        assert!(r.header("x-kairos-task").unwrap().starts_with('h'));
+    }
+    let (_, queue) = api.get("/queues/slow").await;
+    assert!(queue["tasks"]["pending"].as_i64().unwrap() > 0, "{queue:#}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_concurrent_is_never_exceeded_across_two_hosts() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.set_delay(Duration::from_millis(300));
+    let a = Host::start(&redis.url(), &flags(&sink, &[]));
+    let b = Host::start(&redis.url(), &flags(&sink, &[]));
+    let (status, _) = Api::new(&a)
+        .put("/queues/two", &json!({"rate": 0, "max_concurrent": 2}))
+        .await;
+    assert_eq!(status, 200);
+    add(
+        &Api::new(&a),
+        "two",
+        (0..8).map(|n| task(&format!("a{n}"), "c")).collect(),
+    )
+    .await;
+    add(
+        &Api::new(&b),
+        "two",
+        (0..8).map(|n| task(&format!("b{n}"), "c")).collect(),
+    )
+    .await;
+    let got = sink.wait_count(16, Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 16);
+    assert_eq!(
+        sink.max_concurrent(""),
+        2,
+        "max_concurrent 2: never more, and the queue did use both"
+    );
+    // Every run left the queue's running set when it was recorded.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, queue) = Api::new(&b).get("/queues/two").await;
+        if queue["tasks"]["running"] == 0 && queue["tasks"]["pending"] == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{queue:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backoff_follows_the_retry_block_and_failed_tasks_can_run_again() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    // One attempt and four retries fail; the re-run after that succeeds.
+    sink.answer(&[500, 503, 404, 500, 500]);
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, reply) = api
+        .put(
+            "/queues/rb",
+            &json!({"rate": 0, "retry": {"limit": 4, "min_backoff": 0.2, "max_backoff": "1s", "max_doublings": 1}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    add(&api, "rb", vec![task("t1", "retry")]).await;
+    let got = sink.wait_count(5, Duration::from_secs(10)).await;
+    // 200 ms, doubled once to 400, then linear steps of 400 (800), capped at 1000.
+    let expected = [200, 400, 800, 1000];
+    for (i, want) in expected.iter().enumerate() {
+        let gap = got[i + 1].at_ms - got[i].at_ms;
+        assert!(
+            gap >= want - 20 && gap <= want + 300,
+            "retry {} came after {gap} ms, expected {want}",
+            i + 1
+        );
+    }
+    for (i, r) in got.iter().enumerate() {
+        assert_eq!(r.header("x-kairos-task"), Some("t1"));
+        assert_eq!(
+            r.header("x-kairos-retry-count"),
+            Some(i.to_string().as_str())
+        );
+        assert_eq!(
+            r.header("x-kairos-execution-count"),
+            Some((i + 1).to_string().as_str())
+        );
+    }
+    // No sixth call: the task is in the failed list.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(sink.received().len(), 5);
+    let (status, failed) = api.get("/queues/rb/failed").await;
+    assert_eq!(status, 200);
+    let items = failed["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{failed:#}");
+    assert_eq!(items[0]["name"], "t1");
+    assert_eq!(items[0]["state"], "Failed");
+    assert_eq!(items[0]["attempts"], 5);
+    assert_eq!(items[0]["last_status"], 500);
+
+    let (status, reply) = api.post("/queues/rb/tasks/t1/run", &json!({})).await;
+    assert_eq!(status, 200, "{reply}");
+    let got = sink.wait_count(6, Duration::from_secs(5)).await;
+    assert_eq!(got[5].header("x-kairos-execution-count"), Some("1"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, failed) = api.get("/queues/rb/failed").await;
+    assert_eq!(status, 200, "{failed:#}");
+    assert!(failed["items"].as_array().unwrap().is_empty(), "{failed:#}");
+    let (status, _) = api.get("/queues/rb/tasks/t1").await;
+    assert_eq!(status, 404, "a task that succeeded is deleted");
+
+    let out = std::process::Command::new("curl")
+        .args(["-s", &host.url("/metrics")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    for (outcome, n) in [("retry", 4), ("failed", 1), ("success", 1)] {
+        let line = format!("kairos_runs_total{{plan=\"task\",outcome=\"{outcome}\"}} {n}\n");
+        assert!(text.contains(&line), "no `{line}` in:\n{text}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_resume_purge_delete_and_task_names() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+
+    let (status, list) = api.get("/queues").await;
+    assert_eq!(status, 200);
+    assert!(
+        list["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|q| q["name"] == "default"),
+        "{list:#}"
+    );
+    let (status, reply) = api.delete("/queues/default").await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (409, Some("default_queue"))
+    );
+    let (status, _) = api.post("/queues/nope/tasks", &task("x", "x")).await;
+    assert_eq!(status, 404);
+
+    // Pause holds tasks back; resume delivers them.
+    let (status, reply) = api.post("/queues/default/pause", &json!({})).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["state"], "paused");
+    add(
+        &api,
+        "default",
+        (0..5).map(|n| task(&format!("p{n}"), "p")).collect(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(sink.received().is_empty(), "a paused queue delivered");
+    // Parked: in no due set and in no host's memory, until resume.
+    assert_eq!(redis.zcard("kairos:due_tasks").await, 0);
+    assert_eq!(
+        redis.zcard(&format!("kairos:held:{}", host.host_id)).await,
+        0
+    );
+    let (_, queue) = api.get("/queues/default").await;
+    assert_eq!(queue["tasks"]["pending"], 5, "{queue:#}");
+    let (status, reply) = api.post("/queues/default/resume", &json!({})).await;
+    assert_eq!(status, 200);
+    assert_eq!(reply["state"], "running");
+    sink.wait_count(5, Duration::from_secs(5)).await;
+
+    // Purge empties the queue: nothing is delivered after resume.
+    api.post("/queues/default/pause", &json!({})).await;
+    add(
+        &api,
+        "default",
+        (0..5).map(|n| task(&format!("q{n}"), "q")).collect(),
+    )
+    .await;
+    let (status, reply) = api.post("/queues/default/purge", &json!({})).await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["tasks_removed"], 5);
+    api.post("/queues/default/resume", &json!({})).await;
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(sink.received().len(), 5, "a purged task ran");
+    let (_, queue) = api.get("/queues/default").await;
+    assert_eq!(queue["tasks"]["pending"], 0, "{queue:#}");
+
+    // Names: delivered, purged and deleted tasks keep theirs; a list naming one twice
+    // is refused whole.
+    for reused in ["p0", "q0"] {
+        let (status, reply) = api
+            .post("/queues/default/tasks", &task(reused, "again"))
+            .await;
+        assert_eq!(
+            (status, reply["error"]["code"].as_str()),
+            (409, Some("duplicate_task")),
+            "{reused}"
+        );
+    }
+    let (status, reply) = api
+        .post(
+            "/queues/default/tasks",
+            &json!({"name": "later", "countdown": 60, "action": hook("later")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert!(reply["eta_ms"].as_i64().unwrap() > now_ms() + 50_000);
+    let (status, view) = api.get("/queues/default/tasks/later").await;
+    assert_eq!(status, 200);
+    assert!(
+        matches!(view["state"].as_str(), Some("Standby") | Some("Preset")),
+        "{view:#}"
+    );
+    let (status, _) = api.delete("/queues/default/tasks/later").await;
+    assert_eq!(status, 200);
+    let (status, _) = api.get("/queues/default/tasks/later").await;
+    assert_eq!(status, 404);
+    let (status, _) = api.post("/queues/default/tasks", &task("later", "x")).await;
+    assert_eq!(status, 409);
+    let (status, _) = api
+        .post(
+            "/queues/default/tasks",
+            &json!([task("dup", "x"), task("dup", "x")]),
+        )
+        .await;
+    assert_eq!(status, 409);
+    let (status, _) = api.get("/queues/default/tasks/dup").await;
+    assert_eq!(status, 404, "a refused list adds nothing");
+    let too_many: Vec<Value> = (0..101).map(|n| task(&format!("m{n}"), "x")).collect();
+    let (status, _) = api
+        .post("/queues/default/tasks", &Value::Array(too_many))
+        .await;
+    assert_eq!(status, 400);
+
+    // A queue can be deleted once empty of running tasks.
+    let (status, _) = api.put("/queues/gone", &json!({})).await;
+    assert_eq!(status, 200);
+    add(
+        &api,
+        "gone",
+        vec![json!({"name": "g", "countdown": 60, "action": hook("g")})],
+    )
+    .await;
+    let (status, reply) = api.delete("/queues/gone").await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["tasks_removed"], 1);
+    let (status, _) = api.get("/queues/gone").await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        redis.zcard("kairos:due_tasks").await,
+        0,
+        "a deleted queue's task stayed due"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_of_a_crashed_host_runs_again_and_frees_its_concurrency() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.set_delay(Duration::from_secs(4));
+    let mut a = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&a);
+    let (status, _) = api
+        .put("/queues/one", &json!({"rate": 0, "max_concurrent": 1}))
+        .await;
+    assert_eq!(status, 200);
+    add(
+        &api,
+        "one",
+        vec![
+            task("t1", "c"),
+            json!({"name": "t2", "countdown": 0.5, "action": hook("c")}),
+        ],
+    )
+    .await;
+    sink.wait_count(1, Duration::from_secs(5)).await;
+    a.kill9();
+    sink.set_delay(Duration::from_millis(50));
+
+    // Another host takes A's Plans over when its 2 s lease expires: t1 runs again, and
+    // t2 is admitted only if the crashed run left the queue's running set.
+    let b = Host::start(&redis.url(), &flags(&sink, &[]));
+    let got = sink
+        .wait_until("t1 again and t2", Duration::from_secs(15), |r| {
+            r.iter()
+                .filter(|r| r.header("x-kairos-task") == Some("t1"))
+                .count()
+                == 2
+                && r.iter().any(|r| r.header("x-kairos-task") == Some("t2"))
+        })
+        .await;
+    let again = got
+        .iter()
+        .filter(|r| r.header("x-kairos-task") == Some("t1"))
+        .nth(1)
+        .unwrap();
+    assert_eq!(again.header("x-kairos-execution-count"), Some("2"));
+    assert_eq!(again.header("idempotency-key"), Some("one/t1:task"));
+    let (_, queue) = Api::new(&b).get("/queues/one").await;
+    assert!(
+        queue["tasks"]["running"].as_i64().unwrap() <= 1,
+        "{queue:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_need_the_book_scope_and_queue_changes_admin() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--api-tokens", "root:admin,ops:book,peek:read")]),
+    );
+    let (root, ops, peek) = (
+        Api::new(&host).with_token("root"),
+        Api::new(&host).with_token("ops"),
+        Api::new(&host).with_token("peek"),
+    );
+    let later = json!({"name": "later", "countdown": 60, "action": hook("x")});
+    for (api, status) in [(&peek, 403), (&ops, 200)] {
+        let (got, reply) = api.post("/queues/default/tasks", &later).await;
+        assert_eq!(got, status, "{reply}");
+    }
+    for (method_path, api) in [
+        ("PUT /queues/q", &ops),
+        ("POST /queues/default/pause", &ops),
+    ] {
+        let (got, reply) = match method_path.split_once(' ').unwrap() {
+            ("PUT", path) => api.put(path, &json!({})).await,
+            (_, path) => api.post(path, &json!({})).await,
+        };
+        assert_eq!(
+            (got, reply["error"]["code"].as_str()),
+            (403, Some("forbidden")),
+            "{method_path}"
+        );
+    }
+    let (status, _) = peek.get("/queues/default/tasks/later").await;
+    assert_eq!(status, 200, "reading needs only read");
+    let (status, _) = ops
+        .post("/queues/default/tasks/later/run", &json!({}))
+        .await;
+    assert_eq!(status, 200);
+    let (status, _) = root.put("/queues/q", &json!({"rate": 1})).await;
+    assert_eq!(status, 200);
+    let (status, _) = ops
+        .post(
+            "/timers",
+            &json!({"name": "t", "schedule": "00:00", "action": hook("t")}),
+        )
+        .await;
+    assert_eq!(status, 403, "timers are defined with admin");
+    sink.wait_count(1, Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backlog_behind_a_low_rate_waits_in_redis_not_in_memory() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, _) = api
+        .put("/queues/trickle", &json!({"rate": 2, "bucket_size": 1}))
+        .await;
+    assert_eq!(status, 200);
+    add(
+        &api,
+        "trickle",
+        (0..100).map(|n| task(&format!("b{n}"), "b")).collect(),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(2_000)).await;
+
+    let out = std::process::Command::new("curl")
+        .args(["-s", &host.url("/metrics")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let claimed: i64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("kairos_claimed_plans "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(claimed <= 5, "{claimed} tasks held in the host's memory");
+    let waiting = redis.zcard("kairos:due_tasks").await;
+    assert!(waiting >= 85, "only {waiting} tasks wait in Redis");
+    let delivered = sink.received().len();
+    assert!((3..=7).contains(&delivered), "2/s for 2 s, got {delivered}");
+}
