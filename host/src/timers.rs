@@ -423,34 +423,26 @@ async fn patch_timer(
     update(&app, &name, parse_body(&body)?).await
 }
 
+async fn set_active(app: &App, name: &str, active: bool) -> Result<Json<Value>, ApiError> {
+    let body = TimerBody {
+        active: Some(active),
+        ..empty_body()
+    };
+    update(app, name, body).await
+}
+
 async fn activate_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    update(
-        &app,
-        &name,
-        TimerBody {
-            active: Some(true),
-            ..empty_body()
-        },
-    )
-    .await
+    set_active(&app, &name, true).await
 }
 
 async fn deactivate_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    update(
-        &app,
-        &name,
-        TimerBody {
-            active: Some(false),
-            ..empty_body()
-        },
-    )
-    .await
+    set_active(&app, &name, false).await
 }
 
 async fn run_timer(

@@ -8,6 +8,20 @@ use axum::http::Method;
 use kairos_e2e::*;
 use serde_json::{json, Value};
 
+/// A Redis, a sink as gateway, one host with the fast test timings, and its API.
+async fn start() -> (RedisServer, Sink, Host, Api) {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    (redis, sink, host, api)
+}
+
+/// The upload query that lets a plugin call the sink.
+fn allow_sink(sink: &Sink) -> String {
+    format!("allowed_hosts=127.0.0.1:{}", sink.addr.port())
+}
+
 fn plugin_point(uuid: &str, at_ms: i64, plugin: &str, input: Value) -> Value {
     point(uuid, at_ms, json!({"plugin": plugin, "input": input}))
 }
@@ -27,10 +41,7 @@ fn only_run(life: &Value) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_action_fires_with_its_output_and_logs_and_reaches_an_allowed_sink() {
-    let redis = RedisServer::start();
-    let sink = Sink::start().await;
-    let host = Host::start(&redis.url(), &flags(&sink, &[]));
-    let api = Api::new(&host);
+    let (_redis, sink, _host, api) = start().await;
     let port = sink.addr.port();
 
     let meta = upload_plugin(
@@ -91,18 +102,8 @@ async fn a_plugin_action_fires_with_its_output_and_logs_and_reaches_an_allowed_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_notify_posts_the_rendered_message() {
-    let redis = RedisServer::start();
-    let sink = Sink::start().await;
-    let host = Host::start(&redis.url(), &flags(&sink, &[]));
-    let api = Api::new(&host);
-    let port = sink.addr.port();
-    upload_plugin(
-        &api,
-        "chat",
-        "chat-notify",
-        &format!("allowed_hosts=127.0.0.1:{port}"),
-    )
-    .await;
+    let (_redis, sink, _host, api) = start().await;
+    upload_plugin(&api, "chat", "chat-notify", &allow_sink(&sink)).await;
 
     let id = "7f000000-0000-4000-8000-000000000002";
     book(
@@ -151,10 +152,7 @@ async fn chat_notify_posts_the_rendered_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_plugins_fail_only_their_own_plan_and_the_host_serves_on() {
-    let redis = RedisServer::start();
-    let sink = Sink::start().await;
-    let host = Host::start(&redis.url(), &flags(&sink, &[]));
-    let api = Api::new(&host);
+    let (_redis, sink, host, api) = start().await;
     let port = sink.addr.port();
     upload_plugin(
         &api,
@@ -358,10 +356,7 @@ async fn malformed_uploads_and_unknown_plugins_are_refused_with_400() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retryable_plugin_error_is_retried_per_retry_count() {
-    let redis = RedisServer::start();
-    let sink = Sink::start().await;
-    let host = Host::start(&redis.url(), &flags(&sink, &[]));
-    let api = Api::new(&host);
+    let (_redis, _sink, _host, api) = start().await;
     upload_plugin(&api, "hostile", "hostile", "").await;
 
     let at = now_ms() + 1_000;
@@ -472,18 +467,8 @@ async fn a_new_upload_is_used_by_the_next_firing_of_a_running_host() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chain_books_its_follow_ups_and_they_fire() {
-    let redis = RedisServer::start();
-    let sink = Sink::start().await;
-    let host = Host::start(&redis.url(), &flags(&sink, &[]));
-    let api = Api::new(&host);
-    let port = sink.addr.port();
-    upload_plugin(
-        &api,
-        "chain",
-        "chain",
-        &format!("allowed_hosts=127.0.0.1:{port}"),
-    )
-    .await;
+    let (_redis, sink, _host, api) = start().await;
+    upload_plugin(&api, "chain", "chain", &allow_sink(&sink)).await;
 
     let first = "7f000000-0000-4000-8000-000000000601";
     let start = now_ms() + 1_000;
@@ -539,10 +524,7 @@ async fn chain_books_its_follow_ups_and_they_fire() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plugin_in_use_is_not_deleted_unless_forced() {
-    let redis = RedisServer::start();
-    let sink = Sink::start().await;
-    let host = Host::start(&redis.url(), &flags(&sink, &[]));
-    let api = Api::new(&host);
+    let (redis, _sink, _host, api) = start().await;
     upload_plugin(&api, "noop", "noop", "").await;
     upload_plugin(&api, "other", "noop", "").await;
 
@@ -615,18 +597,8 @@ async fn a_plugin_in_use_is_not_deleted_unless_forced() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timers_and_queue_tasks_run_plugin_actions() {
-    let redis = RedisServer::start();
-    let sink = Sink::start().await;
-    let host = Host::start(&redis.url(), &flags(&sink, &[]));
-    let api = Api::new(&host);
-    let port = sink.addr.port();
-    upload_plugin(
-        &api,
-        "http-forward",
-        "http-forward",
-        &format!("allowed_hosts=127.0.0.1:{port}"),
-    )
-    .await;
+    let (_redis, sink, _host, api) = start().await;
+    upload_plugin(&api, "http-forward", "http-forward", &allow_sink(&sink)).await;
     let forward = |path: &str| {
         json!({"plugin": "http-forward",
                "input": {"url": format!("{}{path}", sink.base_url()), "body": {"from": path}}})
