@@ -648,6 +648,12 @@ async fn timers_and_queue_tasks_run_plugin_actions() {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    // A timer holds its plugin like a waiting Life does.
+    let (status, reply) = api.delete("/plugins/http-forward").await;
+    assert_eq!(status, 409, "{reply}");
+    assert_eq!(reply["error"]["code"], "plugin_in_use");
     let (status, _) = api.delete("/timers/plug").await;
     assert!(status == 200 || status == 204);
+    let (status, reply) = api.delete("/plugins/http-forward").await;
+    assert_eq!(status, 200, "{reply}");
 }

@@ -71,12 +71,13 @@ pub struct UploadLimits {
 /// What `DELETE /plugins/{name}` found.
 #[derive(Debug, Clone, PartialEq)]
 pub enum DeleteOutcome {
-    /// Deleted; the number of unfinished Lives that still name it (0 unless forced).
+    /// Deleted; the number of unfinished Lives and timers that still name it (0 unless
+    /// forced).
     Deleted {
         unfinished: u64,
     },
     Missing,
-    /// Refused: this many unfinished Lives use it.
+    /// Refused: this many unfinished Lives and timers use it.
     InUse {
         unfinished: u64,
     },
@@ -134,6 +135,17 @@ for _, uuid in ipairs(redis.call('SMEMBERS', KEYS[3])) do
     unfinished = unfinished + 1
   else
     redis.call('SREM', KEYS[3], uuid)
+  end
+end
+-- Timers keep their action in their hash; there are few of them, so look at each.
+for _, timer in ipairs(redis.call('ZRANGE', ARGV[1] .. 'timers', 0, -1)) do
+  local action = redis.call('HGET', ARGV[1] .. 'timer:' .. timer, 'action')
+  if action then
+    local ok, decoded = pcall(cjson.decode, action)
+    if ok and type(decoded) == 'table' and type(decoded.plugin) == 'string'
+        and string.match(decoded.plugin, '^[^@]+') == ARGV[2] then
+      unfinished = unfinished + 1
+    end
   end
 end
 if unfinished > 0 and ARGV[3] ~= '1' then return {'in_use', unfinished} end

@@ -163,7 +163,7 @@ async fn delete_plugin(
         DeleteOutcome::Missing => Err(ApiError::not_found(format!("no plugin `{name}`"))),
         DeleteOutcome::InUse { unfinished } => Err(ApiError::conflict(
             "plugin_in_use",
-            format!("{unfinished} unfinished Lives use plugin `{name}`; cancel them first or delete with ?force=true"),
+            format!("{unfinished} unfinished Lives or timers use plugin `{name}`; cancel or change them first, or delete with ?force=true (queue tasks are not counted)"),
         )),
         DeleteOutcome::Deleted { unfinished } => {
             tracing::info!(plugin = %name, unfinished, "plugin deleted");
