@@ -651,3 +651,59 @@ async fn timers_and_queue_tasks_run_plugin_actions() {
     let (status, _) = api.delete("/timers/plug").await;
     assert!(status == 200 || status == 204);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_has_no_sockets_filesystem_or_environment() {
+    let (_redis, sink, _host, api) = start().await;
+    // Even with the sink in its allowed_hosts, a raw socket does not reach it.
+    upload_plugin(
+        &api,
+        "hostile",
+        "hostile",
+        &format!("{}&timeout=5s", allow_sink(&sink)),
+    )
+    .await;
+    let at = now_ms() + 1_000;
+    let tcp = "7f000000-0000-4000-8000-000000000981";
+    let fs = "7f000000-0000-4000-8000-000000000982";
+    book(
+        &api,
+        &plugin_point(
+            tcp,
+            at,
+            "hostile",
+            json!({"mode": "tcp", "addr": sink.addr.to_string()}),
+        ),
+    )
+    .await;
+    book(
+        &api,
+        &plugin_point(fs, at, "hostile", json!({"mode": "fs"})),
+    )
+    .await;
+    let deep = "7f000000-0000-4000-8000-000000000983";
+    book(
+        &api,
+        &plugin_point(deep, at, "hostile", json!({"mode": "recurse"})),
+    )
+    .await;
+    let life = wait_finished(&api, tcp).await;
+    let run = only_run(&life);
+    assert_eq!(state(&life), "Stillbirth", "{run:#}");
+    assert!(run["error"].as_str().unwrap().contains("tcp:"), "{run:#}");
+    let life = wait_finished(&api, fs).await;
+    assert_eq!(
+        only_run(&life)["output"],
+        json!({"file_ok": false, "root_ok": false, "env": []})
+    );
+    assert!(sink.received().is_empty());
+    let life = wait_finished(&api, deep).await;
+    let run = only_run(&life);
+    assert_eq!(state(&life), "Stillbirth", "{run:#}");
+    assert!(
+        run["error"].as_str().unwrap().contains("trapped"),
+        "{run:#}"
+    );
+    let (status, _) = api.get("/healthz").await;
+    assert_eq!(status, 200);
+}
