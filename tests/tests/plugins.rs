@@ -33,6 +33,15 @@ async fn wait_finished(api: &Api, id: &str) -> Value {
     .await
 }
 
+/// Bytes of data (keys and values) Redis holds, from INFO memory.
+fn dataset_bytes(redis: &RedisServer) -> u64 {
+    let info = redis.cli(&["info", "memory"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory_dataset:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no used_memory_dataset in {info}"))
+}
+
 fn only_run(life: &Value) -> Value {
     let runs = history(life);
     assert_eq!(runs.len(), 1, "one run expected: {life:#}");
@@ -650,6 +659,320 @@ async fn timers_and_queue_tasks_run_plugin_actions() {
     }
     let (status, _) = api.delete("/timers/plug").await;
     assert!(status == 200 || status == 204);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_error_message_is_bounded_in_the_history() {
+    let (redis, _sink, _host, api) = start().await;
+    upload_plugin(&api, "hostile", "hostile", "memory_mb=64&timeout=5s").await;
+    let id = "7f000000-0000-4000-8000-000000000901";
+    book(
+        &api,
+        &plugin_point(
+            id,
+            now_ms() + 1_000,
+            "hostile",
+            json!({"mode": "big-error", "size": 4 << 20}),
+        ),
+    )
+    .await;
+    let life = wait_finished(&api, id).await;
+    assert_eq!(state(&life), "Stillbirth", "{}", state(&life));
+    let error = only_run(&life)["error"].as_str().unwrap().to_string();
+    assert!(
+        error.starts_with("plugin hostile: eeee"),
+        "{}",
+        &error[..40]
+    );
+    assert!(
+        error.len() <= 4096 + 64,
+        "a 4 MiB error message is kept whole: {} bytes",
+        error.len()
+    );
+    // Nothing near the message's size reaches Redis either.
+    let used = dataset_bytes(&redis);
+    assert!(used < 2 << 20, "Redis holds {used} bytes of data");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_hosts_star_reaches_neither_the_gateway_nor_hosts_listed_only_by_the_host() {
+    // The host lets webhooks reach the sink (gateway) and a second local service by
+    // name; a plugin whose own list is only `*` (public hosts) must reach neither.
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let listed = Sink::start().await;
+    let listed_entry = format!("127.0.0.1:{}", listed.addr.port());
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--allowed-hosts", listed_entry.as_str())]),
+    );
+    let api = Api::new(&host);
+    upload_plugin(&api, "open", "hostile", "allowed_hosts=*&timeout=5s").await;
+    // Listing the target by name is how a plugin reaches it.
+    upload_plugin(
+        &api,
+        "named",
+        "hostile",
+        &format!("allowed_hosts={listed_entry}&timeout=5s"),
+    )
+    .await;
+
+    let at = now_ms() + 1_500;
+    let gateway = "7f000000-0000-4000-8000-000000000911";
+    let internal = "7f000000-0000-4000-8000-000000000912";
+    let by_name = "7f000000-0000-4000-8000-000000000913";
+    let fetch = |url: String| json!({"mode": "fetch", "url": url});
+    book(
+        &api,
+        &plugin_point(gateway, at, "open", fetch(format!("{}/g", sink.base_url()))),
+    )
+    .await;
+    book(
+        &api,
+        &plugin_point(
+            internal,
+            at,
+            "open",
+            fetch(format!("{}/i", listed.base_url())),
+        ),
+    )
+    .await;
+    book(
+        &api,
+        &plugin_point(
+            by_name,
+            at,
+            "named",
+            fetch(format!("{}/n", listed.base_url())),
+        ),
+    )
+    .await;
+    for id in [gateway, internal] {
+        let life = wait_finished(&api, id).await;
+        let run = only_run(&life);
+        assert_eq!(state(&life), "Stillbirth", "{run:#}");
+        assert!(
+            run["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("outbound policy refused"),
+            "{run:#}"
+        );
+        assert!(run["logs"].to_string().contains("denied"), "{run:#}");
+    }
+    let life = wait_finished(&api, by_name).await;
+    assert_eq!(
+        only_run(&life)["output"],
+        json!({"status": 200}),
+        "{life:#}"
+    );
+    assert!(sink.received().is_empty(), "the gateway was reached");
+    let paths: Vec<String> = listed.received().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths, vec!["/n".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_open_unbounded_concurrent_requests() {
+    let (_redis, sink, _host, api) = start().await;
+    upload_plugin(
+        &api,
+        "hostile",
+        "hostile",
+        &format!("{}&timeout=20s", allow_sink(&sink)),
+    )
+    .await;
+    sink.set_delay(Duration::from_millis(300));
+    let id = "7f000000-0000-4000-8000-000000000921";
+    book(
+        &api,
+        &plugin_point(
+            id,
+            now_ms() + 1_000,
+            "hostile",
+            json!({"mode": "flood", "url": format!("{}/flood", sink.base_url()), "n": 48}),
+        ),
+    )
+    .await;
+    let life = api
+        .wait_life(id, Duration::from_secs(40), |l| {
+            matches!(state(l), "Dead" | "Stillbirth")
+        })
+        .await;
+    let run = only_run(&life);
+    // Every request is served, a few at a time.
+    assert_eq!(run["output"]["responses"], 48, "{run:#}");
+    assert_eq!(sink.received().len(), 48);
+    let most = sink.max_concurrent("");
+    assert!(
+        most <= 8,
+        "one run had {most} requests open at once against the sink"
+    );
+}
+
+/// The offset and size of the `.text` section of a 64-bit little-endian ELF file.
+fn elf_text_section(elf: &[u8]) -> (usize, usize) {
+    let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+    assert_eq!(&elf[..4], b"\x7fELF");
+    let (shoff, shentsize, shnum, shstrndx) =
+        (u64_at(0x28), u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+    let section = |i: usize| shoff + i * shentsize;
+    let strtab = u64_at(section(shstrndx) + 0x18);
+    for i in 0..shnum {
+        let name_at = strtab + u32_at(section(i));
+        if elf[name_at..].starts_with(b".text\0") {
+            return (u64_at(section(i) + 0x18), u64_at(section(i) + 0x20));
+        }
+    }
+    panic!("no .text section");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_compiled_plugin_cache_is_recompiled_not_run() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let data = TempDir::new("plugin-cache");
+    let cache = data.0.join("plugin-cache");
+    let fire = |api: Api, n: u32| async move {
+        let id = format!("7f000000-0000-4000-8000-0000000009{n:02}");
+        book(
+            &api,
+            &plugin_point(&id, now_ms() + 800, "hostile", json!({"mode": "ok"})),
+        )
+        .await;
+        let life = wait_finished(&api, &id).await;
+        assert_eq!(state(&life), "Dead", "{life:#}");
+        assert_eq!(only_run(&life)["output"]["echo"]["mode"], "ok");
+    };
+    let meta = {
+        let host = Host::start_in(&redis.url(), &flags(&sink, &[]), &data.0);
+        let api = Api::new(&host);
+        let meta = upload_plugin(&api, "hostile", "hostile", "timeout=5s").await;
+        fire(api, 31).await;
+        meta
+    };
+    let digest = meta["digest"].as_str().unwrap();
+    let file = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(digest))
+        .expect("the first run cached the compiled component");
+    let good = std::fs::read(&file).unwrap();
+
+    // Machine code overwritten in place (the file still parses), then a truncated file:
+    // each time a new host must compile the component again and run it.
+    let mut damaged = good.clone();
+    let (offset, size) = elf_text_section(&good);
+    assert!(size > 0);
+    damaged[offset..offset + size].fill(0);
+    for (n, bytes) in [(32, damaged), (33, good[..good.len() / 2].to_vec())] {
+        std::fs::write(&file, &bytes).unwrap();
+        let host = Host::start_in(&redis.url(), &flags(&sink, &[]), &data.0);
+        let api = Api::new(&host);
+        fire(api.clone(), n).await;
+        let (status, _) = api.get("/healthz").await;
+        assert_eq!(status, 200);
+        let now = std::fs::read(&file).unwrap();
+        assert_ne!(now, bytes, "the damaged file was replaced");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_spec_must_be_a_valid_name_and_version_not_any_registry_key() {
+    let (_redis, _sink, _host, api) = start().await;
+    upload_plugin(&api, "noop", "noop", "").await;
+    // A waiting Life makes `plugin:noop:lives` (a set) exist, beside `plugin:noop:v1`.
+    book(
+        &api,
+        &plugin_point(
+            "7f000000-0000-4000-8000-000000000941",
+            now_ms() + 3_600_000,
+            "noop",
+            json!(null),
+        ),
+    )
+    .await;
+    for (n, spec) in [
+        "noop:lives",
+        "noop:v1",
+        "noop:lives@1",
+        "",
+        "@1",
+        "noop@0",
+        "noop@999999999999",
+        "noop@",
+        "NOOP",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = format!("7f000000-0000-4000-8000-0000000009{:02}", 50 + n);
+        let (status, reply) = api
+            .post(
+                "/schedules",
+                &plugin_point(&id, now_ms() + 60_000, spec, json!(null)),
+            )
+            .await;
+        assert_eq!(
+            (status, reply["error"]["code"].as_str()),
+            (400, Some("unknown_plugin")),
+            "`{spec}`: {reply}"
+        );
+    }
+    let id = "7f000000-0000-4000-8000-000000000960";
+    book(
+        &api,
+        &plugin_point(id, now_ms() + 1_000, "noop@1", json!(null)),
+    )
+    .await;
+    assert_eq!(state(&wait_finished(&api, id).await), "Dead");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_follow_up_booking_has_the_rest_apis_body_limit() {
+    let (redis, _sink, _host, api) = start().await;
+    upload_plugin(&api, "hostile", "hostile", "memory_mb=128&timeout=5s").await;
+    let run = |n: u32, size: usize| {
+        let api = api.clone();
+        async move {
+            let id = format!("7f000000-0000-4000-8000-0000000009{n}");
+            book(
+                &api,
+                &plugin_point(
+                    &id,
+                    now_ms() + 1_000,
+                    "hostile",
+                    json!({"mode": "book-big", "size": size}),
+                ),
+            )
+            .await;
+            let life = wait_finished(&api, &id).await;
+            assert_eq!(state(&life), "Dead", "{life:#}");
+            only_run(&life)["output"].clone()
+        }
+    };
+    // 8 MiB of input: POST /schedules refuses such a body (1 MiB by default)...
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &plugin_point(
+                "7f000000-0000-4000-8000-000000000970",
+                now_ms() + 3_600_000,
+                "hostile",
+                json!("i".repeat(8 << 20)),
+            ),
+        )
+        .await;
+    assert_eq!(status, 413, "{reply}");
+    // ...and so does the schedule interface, rather than storing it in Redis.
+    let output = run(71, 8 << 20).await;
+    assert_eq!(output, json!({"code": "body_too_large"}));
+    let used = dataset_bytes(&redis);
+    assert!(used < 2 << 20, "Redis holds {used} bytes of data");
+    // A small one is booked as before.
+    let output = run(72, 100).await;
+    assert!(output["booked"].is_string(), "{output}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
