@@ -1030,3 +1030,66 @@ async fn a_plugin_has_no_sockets_filesystem_or_environment() {
     let (status, _) = api.get("/healthz").await;
     assert_eq!(status, 200);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_are_never_reused_after_a_delete_nor_under_concurrent_uploads() {
+    let (redis, _sink, _host, api) = start().await;
+    // Concurrent uploads of one name get distinct versions, each with its own record.
+    let uploads: Vec<_> = (0..6)
+        .map(|i| {
+            let api = api.clone();
+            let crate_name = if i % 2 == 0 { "noop" } else { "hostile" };
+            tokio::spawn(async move { upload_plugin(&api, "x", crate_name, "").await })
+        })
+        .collect();
+    let mut metas = Vec::new();
+    for upload in uploads {
+        metas.push(upload.await.unwrap());
+    }
+    let versions: BTreeSet<u64> = metas
+        .iter()
+        .map(|m| m["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, (1..=6).collect::<BTreeSet<u64>>());
+    let (_, shown) = api.get("/plugins/x").await;
+    for meta in &metas {
+        let v = meta["version"].as_u64().unwrap() as usize;
+        assert_eq!(
+            shown["versions"][v - 1]["digest"],
+            meta["digest"],
+            "{shown:#}"
+        );
+    }
+    // A Life pinned to version 2, left behind by a forced delete, must not run whatever
+    // is uploaded next under the same number.
+    let pinned = "7f000000-0000-4000-8000-000000000991";
+    book(
+        &api,
+        &plugin_point(pinned, now_ms() + 2_500, "x@2", json!({"mode": "ok"})),
+    )
+    .await;
+    let (status, _) = api.delete("/plugins/x?force=true").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        redis.cli(&["--scan", "--pattern", "kairos:wasm:*"]).trim(),
+        ""
+    );
+    let mut again = Vec::new();
+    for _ in 0..2 {
+        again.push(upload_plugin(&api, "x", "hostile", "").await);
+    }
+    let versions: BTreeSet<u64> = again
+        .iter()
+        .map(|m| m["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, BTreeSet::from([7, 8]), "{again:?}");
+    let life = wait_finished(&api, pinned).await;
+    assert_eq!(state(&life), "Stillbirth", "{life:#}");
+    assert!(
+        only_run(&life)["error"]
+            .as_str()
+            .unwrap()
+            .contains("no plugin `x@2` is registered"),
+        "{life:#}"
+    );
+}
