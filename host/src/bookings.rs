@@ -48,6 +48,18 @@ impl Bookings {
 
     /// Validates and stores the body of a `POST /schedules`.
     pub async fn book_json(&self, body: &[u8]) -> Result<NewLife, ApiError> {
+        // POST /schedules bodies are capped before they get here; a plugin's
+        // `schedule.book` request is not, and would otherwise store any size in Redis.
+        if body.len() > self.config.max_body_bytes {
+            return Err(ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "the booking is larger than the limit of {} bytes",
+                    self.config.max_body_bytes
+                ),
+            ));
+        }
         let request = booking::parse_request(body)?;
         let known = self.registered_plugins(&request).await?;
         let now_ms = self.clock.now_ms();
