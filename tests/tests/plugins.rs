@@ -1093,3 +1093,105 @@ async fn versions_are_never_reused_after_a_delete_nor_under_concurrent_uploads()
         "{life:#}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shorter_of_the_bookings_and_the_plugins_timeout_stops_a_run_even_on_a_slow_server() {
+    let (_redis, sink, _host, api) = start().await;
+    upload_plugin(
+        &api,
+        "slow-ok",
+        "hostile",
+        &format!("{}&timeout=10s", allow_sink(&sink)),
+    )
+    .await;
+    upload_plugin(
+        &api,
+        "quick",
+        "hostile",
+        &format!("{}&timeout=400ms", allow_sink(&sink)),
+    )
+    .await;
+    // The sink holds every response for 5 s: the runs wait on HTTP, not on guest code.
+    sink.set_delay(Duration::from_secs(5));
+    let at = now_ms() + 1_000;
+    let fetch = json!({"mode": "fetch", "url": format!("{}/slow", sink.base_url())});
+    let cases = [
+        // The booking's timeout is the shorter one.
+        (
+            "7f000000-0000-4000-8000-000000000a01",
+            "slow-ok",
+            Some("300ms"),
+            "300 ms",
+        ),
+        // The plugin's is.
+        (
+            "7f000000-0000-4000-8000-000000000a02",
+            "quick",
+            Some("8s"),
+            "400 ms",
+        ),
+        (
+            "7f000000-0000-4000-8000-000000000a03",
+            "quick",
+            None,
+            "400 ms",
+        ),
+    ];
+    for (id, plugin, timeout, _) in cases {
+        let mut action = json!({"plugin": plugin, "input": fetch.clone()});
+        if let Some(t) = timeout {
+            action["timeout"] = json!(t);
+        }
+        book(&api, &point(id, at, action)).await;
+    }
+    for (id, _, _, deadline) in cases {
+        let life = wait_finished(&api, id).await;
+        let run = only_run(&life);
+        assert_eq!(state(&life), "Stillbirth", "{run:#}");
+        let error = run["error"].as_str().unwrap();
+        assert!(
+            error.contains(&format!("ran past its {deadline} deadline")),
+            "{id}: {error}"
+        );
+        assert!(
+            run["duration_ms"].as_u64().unwrap() < 2_000,
+            "held past its deadline: {run:#}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_inject_headers_or_override_host() {
+    let (_redis, sink, _host, api) = start().await;
+    upload_plugin(&api, "fwd", "http-forward", &allow_sink(&sink)).await;
+    let at = now_ms() + 1_000;
+    let cases = [
+        (
+            "7f000000-0000-4000-8000-000000000b01",
+            json!({"x-a": "b\r\nx-injected: 1"}),
+        ),
+        (
+            "7f000000-0000-4000-8000-000000000b02",
+            json!({"host": "internal.example"}),
+        ),
+        (
+            "7f000000-0000-4000-8000-000000000b03",
+            json!({"transfer-encoding": "chunked"}),
+        ),
+        (
+            "7f000000-0000-4000-8000-000000000b04",
+            json!({"x-a\r\nx-injected": "1"}),
+        ),
+    ];
+    for (id, headers) in &cases {
+        let input = json!({"url": format!("{}/h", sink.base_url()), "headers": headers});
+        book(&api, &plugin_point(id, at, "fwd", input)).await;
+    }
+    for (id, _) in &cases {
+        let life = wait_finished(&api, id).await;
+        let run = only_run(&life);
+        assert_eq!(state(&life), "Stillbirth", "{run:#}");
+        assert!(run["error"].as_str().unwrap().contains("header"), "{run:#}");
+    }
+    assert!(sink.received().is_empty(), "{:?}", sink.received());
+}
