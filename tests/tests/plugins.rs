@@ -1195,3 +1195,40 @@ async fn a_plugin_cannot_inject_headers_or_override_host() {
     }
     assert!(sink.received().is_empty(), "{:?}", sink.received());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_books_itself_grows_linearly_not_exponentially() {
+    let (redis, _sink, _host, api) = start().await;
+    upload_plugin(&api, "hostile", "hostile", "timeout=5s").await;
+    let started = std::time::Instant::now();
+    book(
+        &api,
+        &plugin_point(
+            "7f000000-0000-4000-8000-000000000c01",
+            now_ms() + 1_000,
+            "hostile",
+            json!({"mode": "fork", "n": 16}),
+        ),
+    )
+    .await;
+    // Unbounded, 16 a run, this was 13,900 Lives after 8 s; at 100 a second at most
+    // 1 + 100 for every second begun since.
+    let lives = || {
+        redis
+            .cli(&["--scan", "--pattern", "kairos:life:*"])
+            .lines()
+            .count() as u64
+    };
+    let mut seen = 0;
+    while started.elapsed() < Duration::from_secs(7) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        seen = lives();
+        let seconds = started.elapsed().as_secs() + 1;
+        assert!(
+            seen <= 1 + 100 * seconds,
+            "{seen} Lives after {} ms",
+            started.elapsed().as_millis()
+        );
+    }
+    assert!(seen > 17, "the plugin did book follow-ups: {seen}");
+}

@@ -397,7 +397,7 @@ impl PluginRuntime {
         let memory = meta.memory_mb.min(MAX_MEMORY_MB) as usize * 1024 * 1024;
         let mut store = Store::new(
             &self.engine,
-            Sandbox::new(outbound, memory, self.bookings.clone()),
+            Sandbox::new(outbound, memory, self.bookings.clone(), meta.name.clone()),
         );
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(1);

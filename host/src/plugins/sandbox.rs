@@ -34,6 +34,10 @@ pub const MAX_LOG_LINES: usize = 64;
 pub const MAX_LOG_BYTES: usize = 16 * 1024;
 /// Follow-up bookings one run may make.
 pub const MAX_BOOKINGS_PER_RUN: u32 = 16;
+/// Follow-up bookings all runs of one plugin may make in one second, on all hosts
+/// together. With 16 a run alone, a plugin that books itself grows exponentially (one
+/// booking became 13,900 Lives in 8 s); this makes it linear, like a REST client.
+pub const MAX_PLUGIN_BOOKINGS_PER_SECOND: u64 = 100;
 /// Outgoing requests one run may have open at once (sent and not yet answered, or
 /// answered with a body the plugin still holds); further ones wait for a place, within
 /// the run's deadline. Without it one run could open a connection per request it starts
@@ -290,10 +294,17 @@ pub struct Sandbox {
     pub logs: LogSink,
     bookings: Arc<Bookings>,
     booked: u32,
+    /// The plugin's name, for its bookings-per-second budget.
+    plugin: String,
 }
 
 impl Sandbox {
-    pub fn new(outbound: Outbound, memory_bytes: usize, bookings: Arc<Bookings>) -> Self {
+    pub fn new(
+        outbound: Outbound,
+        memory_bytes: usize,
+        bookings: Arc<Bookings>,
+        plugin: String,
+    ) -> Self {
         let logs = outbound.logs.clone();
         let wasi = WasiCtxBuilder::new()
             .stdout(Capture {
@@ -320,6 +331,7 @@ impl Sandbox {
             logs,
             bookings,
             booked: 0,
+            plugin,
         }
     }
 }
@@ -367,6 +379,28 @@ impl schedule::Host for Sandbox {
             });
         }
         self.booked += 1;
+        match self
+            .bookings
+            .count_plugin_booking(&self.plugin, MAX_PLUGIN_BOOKINGS_PER_SECOND)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(schedule::BookingError {
+                    code: "too_many_bookings".into(),
+                    message: format!(
+                    "plugin {} may book at most {MAX_PLUGIN_BOOKINGS_PER_SECOND} Lives a second",
+                    self.plugin
+                ),
+                })
+            }
+            Err(e) => {
+                return Err(schedule::BookingError {
+                    code: e.code.into(),
+                    message: e.message,
+                })
+            }
+        }
         match self.bookings.book_json(request.as_bytes()).await {
             Ok(life) => {
                 self.logs.push(format!("booked Life {}", life.life_uuid));

@@ -16,7 +16,9 @@
 //! - `tcp` with `addr`: connects a TCP socket to `addr` with std (wasi:sockets);
 //! - `fs`: reads a file and lists `/` with std (wasi:filesystem), and reads the
 //!   environment;
-//! - `recurse`: recurses without end (the guest's stack must overflow into a trap).
+//! - `recurse`: recurses without end (the guest's stack must overflow into a trap);
+//! - `fork` with `n`: books `n` Lives a second ahead that run this plugin with the same
+//!   input (a fork bomb).
 
 use kairos_guest::bindings::wasi::http::outgoing_handler;
 use kairos_guest::bindings::wasi::http::types::{Fields, Method, OutgoingRequest, Scheme};
@@ -55,6 +57,17 @@ fn run(_ctx: Context, input: Value) -> Result<Value, Error> {
             Err(Error::fatal("e".repeat(size)))
         }
         "flood" => flood(&input),
+        "fork" => {
+            let mut booked = 0;
+            for _ in 0..input["n"].as_u64().unwrap_or(16) {
+                let at = kairos_guest::now_ms() + 1_000;
+                let action = json!({"plugin": "hostile", "input": input.clone()});
+                if schedule::book_point(at, action).is_ok() {
+                    booked += 1;
+                }
+            }
+            Ok(json!({ "booked": booked }))
+        }
         "recurse" => Ok(json!({ "depth": recurse(std::hint::black_box(1)) })),
         "book-big" => {
             let size = input["size"].as_u64().unwrap_or(2 << 20) as usize;
