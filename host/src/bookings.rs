@@ -47,7 +47,38 @@ impl Bookings {
     }
 
     /// Validates and stores the body of a `POST /schedules`.
+    /// Counts one follow-up booking by `plugin` in the current second (all hosts share
+    /// the counter, `plugin-bookings:{name}:{second}`); false when that makes more than
+    /// `limit`.
+    pub async fn count_plugin_booking(&self, plugin: &str, limit: u64) -> Result<bool, ApiError> {
+        let second = self.clock.now_ms().div_euclid(1000);
+        let key = format!(
+            "{}plugin-bookings:{plugin}:{second}",
+            self.store.keys.prefix
+        );
+        let mut conn = self.store.connection();
+        let (count, _): (u64, bool) = redis::pipe()
+            .atomic()
+            .incr(&key, 1)
+            .expire(&key, 5)
+            .query_async(&mut conn)
+            .await?;
+        Ok(count <= limit)
+    }
+
     pub async fn book_json(&self, body: &[u8]) -> Result<NewLife, ApiError> {
+        // POST /schedules bodies are capped before they get here; a plugin's
+        // `schedule.book` request is not, and would otherwise store any size in Redis.
+        if body.len() > self.config.max_body_bytes {
+            return Err(ApiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!(
+                    "the booking is larger than the limit of {} bytes",
+                    self.config.max_body_bytes
+                ),
+            ));
+        }
         let request = booking::parse_request(body)?;
         let known = self.registered_plugins(&request).await?;
         let now_ms = self.clock.now_ms();

@@ -74,18 +74,28 @@ impl OutboundPolicy {
 
     /// Ok when `uri` may be called now; otherwise a sentence for the Plan's history.
     pub async fn check(&self, uri: &Uri) -> Result<(), String> {
+        self.check_with(uri, false).await
+    }
+
+    /// As [`check`](Self::check), for a caller that may reach public addresses only: a
+    /// plugin whose own `allowed_hosts` covers the target only through `*`. The gateway
+    /// and the hosts listed here pass this host's list, but must still resolve to
+    /// public addresses, so that `*` never reaches what only the host's list names.
+    pub async fn check_public(&self, uri: &Uri) -> Result<(), String> {
+        self.check_with(uri, true).await
+    }
+
+    async fn check_with(&self, uri: &Uri, public_only: bool) -> Result<(), String> {
         let (host, port) = host_port(uri).ok_or_else(|| format!("`{uri}` has no host"))?;
-        if self.gateway.as_ref() == Some(&(host.clone(), port)) {
-            return Ok(());
-        }
+        let gateway = self.gateway.as_ref() == Some(&(host.clone(), port));
         let listed = self.allowed.iter().any(|entry| match entry {
             AllowedHost::Host { host: h, port: p } => *h == host && p.is_none_or(|p| p == port),
             AllowedHost::AnyPublic => false,
         });
-        if listed {
+        if (gateway || listed) && !public_only {
             return Ok(());
         }
-        if !self.allowed.contains(&AllowedHost::AnyPublic) {
+        if !gateway && !listed && !self.allowed.contains(&AllowedHost::AnyPublic) {
             return Err(format!(
                 "outbound policy: {host}:{port} is not on the allowlist (allowed_hosts)"
             ));
@@ -169,5 +179,29 @@ mod tests {
             .check(&"http://93.184.215.14/".parse().unwrap())
             .await
             .is_ok());
+    }
+
+    #[tokio::test]
+    async fn public_only_callers_get_the_gateway_and_listed_hosts_only_when_public() {
+        let policy = OutboundPolicy::new(
+            vec![entry("127.0.0.1", Some(9000)), entry("93.184.215.14", None)],
+            Some("http://127.0.0.1:8000"),
+        );
+        let uri = |u: &str| u.parse::<Uri>().unwrap();
+        for url in ["http://127.0.0.1:8000/x", "http://127.0.0.1:9000/x"] {
+            assert!(policy.check(&uri(url)).await.is_ok(), "{url}");
+            let err = policy.check_public(&uri(url)).await.unwrap_err();
+            assert!(err.contains("private"), "{url}: {err}");
+        }
+        assert!(policy
+            .check_public(&uri("http://93.184.215.14/"))
+            .await
+            .is_ok());
+        // Not on this host's list at all: refused as before.
+        let err = policy
+            .check_public(&uri("http://93.184.215.15/"))
+            .await
+            .unwrap_err();
+        assert!(err.contains("not on the allowlist"), "{err}");
     }
 }

@@ -263,6 +263,16 @@ impl Host {
     }
 
     pub fn start_with_env(redis_url: &str, args: &[String], env: &[(&str, &str)]) -> Host {
+        Self::start_full(redis_url, args, env, &shared_data_dir())
+    }
+
+    /// Starts a host whose data directory (and so compiled-plugin cache) is `data_dir`
+    /// rather than the shared one, for tests that tamper with the cache.
+    pub fn start_in(redis_url: &str, args: &[String], data_dir: &Path) -> Host {
+        Self::start_full(redis_url, args, &[], data_dir)
+    }
+
+    fn start_full(redis_url: &str, args: &[String], env: &[(&str, &str)], data_dir: &Path) -> Host {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
         let n = UNIQUE.fetch_add(1, Ordering::Relaxed);
@@ -280,7 +290,7 @@ impl Host {
                 "--host-id",
                 &host_id,
                 "--data-dir",
-                &shared_data_dir().display().to_string(),
+                &data_dir.display().to_string(),
             ])
             .args(args)
             .env("RUST_LOG", "info,kairos=debug")

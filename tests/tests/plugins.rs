@@ -33,6 +33,15 @@ async fn wait_finished(api: &Api, id: &str) -> Value {
     .await
 }
 
+/// Bytes of data (keys and values) Redis holds, from INFO memory.
+fn dataset_bytes(redis: &RedisServer) -> u64 {
+    let info = redis.cli(&["info", "memory"]);
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory_dataset:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no used_memory_dataset in {info}"))
+}
+
 fn only_run(life: &Value) -> Value {
     let runs = history(life);
     assert_eq!(runs.len(), 1, "one run expected: {life:#}");
@@ -656,4 +665,564 @@ async fn timers_and_queue_tasks_run_plugin_actions() {
     assert!(status == 200 || status == 204);
     let (status, reply) = api.delete("/plugins/http-forward").await;
     assert_eq!(status, 200, "{reply}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_error_message_is_bounded_in_the_history() {
+    let (redis, _sink, _host, api) = start().await;
+    upload_plugin(&api, "hostile", "hostile", "memory_mb=64&timeout=5s").await;
+    let id = "7f000000-0000-4000-8000-000000000901";
+    book(
+        &api,
+        &plugin_point(
+            id,
+            now_ms() + 1_000,
+            "hostile",
+            json!({"mode": "big-error", "size": 4 << 20}),
+        ),
+    )
+    .await;
+    let life = wait_finished(&api, id).await;
+    assert_eq!(state(&life), "Stillbirth", "{}", state(&life));
+    let error = only_run(&life)["error"].as_str().unwrap().to_string();
+    assert!(
+        error.starts_with("plugin hostile: eeee"),
+        "{}",
+        &error[..40]
+    );
+    assert!(
+        error.len() <= 4096 + 64,
+        "a 4 MiB error message is kept whole: {} bytes",
+        error.len()
+    );
+    // Nothing near the message's size reaches Redis either.
+    let used = dataset_bytes(&redis);
+    assert!(used < 2 << 20, "Redis holds {used} bytes of data");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_hosts_star_reaches_neither_the_gateway_nor_hosts_listed_only_by_the_host() {
+    // The host lets webhooks reach the sink (gateway) and a second local service by
+    // name; a plugin whose own list is only `*` (public hosts) must reach neither.
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let listed = Sink::start().await;
+    let listed_entry = format!("127.0.0.1:{}", listed.addr.port());
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--allowed-hosts", listed_entry.as_str())]),
+    );
+    let api = Api::new(&host);
+    upload_plugin(&api, "open", "hostile", "allowed_hosts=*&timeout=5s").await;
+    // Listing the target by name is how a plugin reaches it.
+    upload_plugin(
+        &api,
+        "named",
+        "hostile",
+        &format!("allowed_hosts={listed_entry}&timeout=5s"),
+    )
+    .await;
+
+    let at = now_ms() + 1_500;
+    let gateway = "7f000000-0000-4000-8000-000000000911";
+    let internal = "7f000000-0000-4000-8000-000000000912";
+    let by_name = "7f000000-0000-4000-8000-000000000913";
+    let fetch = |url: String| json!({"mode": "fetch", "url": url});
+    book(
+        &api,
+        &plugin_point(gateway, at, "open", fetch(format!("{}/g", sink.base_url()))),
+    )
+    .await;
+    book(
+        &api,
+        &plugin_point(
+            internal,
+            at,
+            "open",
+            fetch(format!("{}/i", listed.base_url())),
+        ),
+    )
+    .await;
+    book(
+        &api,
+        &plugin_point(
+            by_name,
+            at,
+            "named",
+            fetch(format!("{}/n", listed.base_url())),
+        ),
+    )
+    .await;
+    for id in [gateway, internal] {
+        let life = wait_finished(&api, id).await;
+        let run = only_run(&life);
+        assert_eq!(state(&life), "Stillbirth", "{run:#}");
+        assert!(
+            run["error"]
+                .as_str()
+                .unwrap_or("")
+                .contains("outbound policy refused"),
+            "{run:#}"
+        );
+        assert!(run["logs"].to_string().contains("denied"), "{run:#}");
+    }
+    let life = wait_finished(&api, by_name).await;
+    assert_eq!(
+        only_run(&life)["output"],
+        json!({"status": 200}),
+        "{life:#}"
+    );
+    assert!(sink.received().is_empty(), "the gateway was reached");
+    let paths: Vec<String> = listed.received().into_iter().map(|r| r.path).collect();
+    assert_eq!(paths, vec!["/n".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_open_unbounded_concurrent_requests() {
+    let (_redis, sink, _host, api) = start().await;
+    upload_plugin(
+        &api,
+        "hostile",
+        "hostile",
+        &format!("{}&timeout=20s", allow_sink(&sink)),
+    )
+    .await;
+    sink.set_delay(Duration::from_millis(300));
+    let id = "7f000000-0000-4000-8000-000000000921";
+    book(
+        &api,
+        &plugin_point(
+            id,
+            now_ms() + 1_000,
+            "hostile",
+            json!({"mode": "flood", "url": format!("{}/flood", sink.base_url()), "n": 48}),
+        ),
+    )
+    .await;
+    let life = api
+        .wait_life(id, Duration::from_secs(40), |l| {
+            matches!(state(l), "Dead" | "Stillbirth")
+        })
+        .await;
+    let run = only_run(&life);
+    // Every request is served, a few at a time.
+    assert_eq!(run["output"]["responses"], 48, "{run:#}");
+    assert_eq!(sink.received().len(), 48);
+    let most = sink.max_concurrent("");
+    assert!(
+        most <= 8,
+        "one run had {most} requests open at once against the sink"
+    );
+}
+
+/// The offset and size of the `.text` section of a 64-bit little-endian ELF file.
+fn elf_text_section(elf: &[u8]) -> (usize, usize) {
+    let u16_at = |o: usize| u16::from_le_bytes(elf[o..o + 2].try_into().unwrap()) as usize;
+    let u32_at = |o: usize| u32::from_le_bytes(elf[o..o + 4].try_into().unwrap()) as usize;
+    let u64_at = |o: usize| u64::from_le_bytes(elf[o..o + 8].try_into().unwrap()) as usize;
+    assert_eq!(&elf[..4], b"\x7fELF");
+    let (shoff, shentsize, shnum, shstrndx) =
+        (u64_at(0x28), u16_at(0x3a), u16_at(0x3c), u16_at(0x3e));
+    let section = |i: usize| shoff + i * shentsize;
+    let strtab = u64_at(section(shstrndx) + 0x18);
+    for i in 0..shnum {
+        let name_at = strtab + u32_at(section(i));
+        if elf[name_at..].starts_with(b".text\0") {
+            return (u64_at(section(i) + 0x18), u64_at(section(i) + 0x20));
+        }
+    }
+    panic!("no .text section");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_compiled_plugin_cache_is_recompiled_not_run() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let data = TempDir::new("plugin-cache");
+    let cache = data.0.join("plugin-cache");
+    let fire = |api: Api, n: u32| async move {
+        let id = format!("7f000000-0000-4000-8000-0000000009{n:02}");
+        book(
+            &api,
+            &plugin_point(&id, now_ms() + 800, "hostile", json!({"mode": "ok"})),
+        )
+        .await;
+        let life = wait_finished(&api, &id).await;
+        assert_eq!(state(&life), "Dead", "{life:#}");
+        assert_eq!(only_run(&life)["output"]["echo"]["mode"], "ok");
+    };
+    let meta = {
+        let host = Host::start_in(&redis.url(), &flags(&sink, &[]), &data.0);
+        let api = Api::new(&host);
+        let meta = upload_plugin(&api, "hostile", "hostile", "timeout=5s").await;
+        fire(api, 31).await;
+        meta
+    };
+    let digest = meta["digest"].as_str().unwrap();
+    let file = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with(digest))
+        .expect("the first run cached the compiled component");
+    let good = std::fs::read(&file).unwrap();
+
+    // Machine code overwritten in place (the file still parses), then a truncated file:
+    // each time a new host must compile the component again and run it.
+    let mut damaged = good.clone();
+    let (offset, size) = elf_text_section(&good);
+    assert!(size > 0);
+    damaged[offset..offset + size].fill(0);
+    for (n, bytes) in [(32, damaged), (33, good[..good.len() / 2].to_vec())] {
+        std::fs::write(&file, &bytes).unwrap();
+        let host = Host::start_in(&redis.url(), &flags(&sink, &[]), &data.0);
+        let api = Api::new(&host);
+        fire(api.clone(), n).await;
+        let (status, _) = api.get("/healthz").await;
+        assert_eq!(status, 200);
+        let now = std::fs::read(&file).unwrap();
+        assert_ne!(now, bytes, "the damaged file was replaced");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_spec_must_be_a_valid_name_and_version_not_any_registry_key() {
+    let (_redis, _sink, _host, api) = start().await;
+    upload_plugin(&api, "noop", "noop", "").await;
+    // A waiting Life makes `plugin:noop:lives` (a set) exist, beside `plugin:noop:v1`.
+    book(
+        &api,
+        &plugin_point(
+            "7f000000-0000-4000-8000-000000000941",
+            now_ms() + 3_600_000,
+            "noop",
+            json!(null),
+        ),
+    )
+    .await;
+    for (n, spec) in [
+        "noop:lives",
+        "noop:v1",
+        "noop:lives@1",
+        "",
+        "@1",
+        "noop@0",
+        "noop@999999999999",
+        "noop@",
+        "NOOP",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let id = format!("7f000000-0000-4000-8000-0000000009{:02}", 50 + n);
+        let (status, reply) = api
+            .post(
+                "/schedules",
+                &plugin_point(&id, now_ms() + 60_000, spec, json!(null)),
+            )
+            .await;
+        assert_eq!(
+            (status, reply["error"]["code"].as_str()),
+            (400, Some("unknown_plugin")),
+            "`{spec}`: {reply}"
+        );
+    }
+    let id = "7f000000-0000-4000-8000-000000000960";
+    book(
+        &api,
+        &plugin_point(id, now_ms() + 1_000, "noop@1", json!(null)),
+    )
+    .await;
+    assert_eq!(state(&wait_finished(&api, id).await), "Dead");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_follow_up_booking_has_the_rest_apis_body_limit() {
+    let (redis, _sink, _host, api) = start().await;
+    upload_plugin(&api, "hostile", "hostile", "memory_mb=128&timeout=5s").await;
+    let run = |n: u32, size: usize| {
+        let api = api.clone();
+        async move {
+            let id = format!("7f000000-0000-4000-8000-0000000009{n}");
+            book(
+                &api,
+                &plugin_point(
+                    &id,
+                    now_ms() + 1_000,
+                    "hostile",
+                    json!({"mode": "book-big", "size": size}),
+                ),
+            )
+            .await;
+            let life = wait_finished(&api, &id).await;
+            assert_eq!(state(&life), "Dead", "{life:#}");
+            only_run(&life)["output"].clone()
+        }
+    };
+    // 8 MiB of input: POST /schedules refuses such a body (413, max_body_bytes is 1 MiB
+    // by default), and so does the schedule interface, rather than storing it in Redis.
+    let output = run(71, 8 << 20).await;
+    assert_eq!(output, json!({"code": "body_too_large"}));
+    let used = dataset_bytes(&redis);
+    assert!(used < 2 << 20, "Redis holds {used} bytes of data");
+    // A small one is booked as before.
+    let output = run(72, 100).await;
+    assert!(output["booked"].is_string(), "{output}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_has_no_sockets_filesystem_or_environment() {
+    let (_redis, sink, _host, api) = start().await;
+    // Even with the sink in its allowed_hosts, a raw socket does not reach it.
+    upload_plugin(
+        &api,
+        "hostile",
+        "hostile",
+        &format!("{}&timeout=5s", allow_sink(&sink)),
+    )
+    .await;
+    let at = now_ms() + 1_000;
+    let tcp = "7f000000-0000-4000-8000-000000000981";
+    let fs = "7f000000-0000-4000-8000-000000000982";
+    book(
+        &api,
+        &plugin_point(
+            tcp,
+            at,
+            "hostile",
+            json!({"mode": "tcp", "addr": sink.addr.to_string()}),
+        ),
+    )
+    .await;
+    book(
+        &api,
+        &plugin_point(fs, at, "hostile", json!({"mode": "fs"})),
+    )
+    .await;
+    let deep = "7f000000-0000-4000-8000-000000000983";
+    book(
+        &api,
+        &plugin_point(deep, at, "hostile", json!({"mode": "recurse"})),
+    )
+    .await;
+    let life = wait_finished(&api, tcp).await;
+    let run = only_run(&life);
+    assert_eq!(state(&life), "Stillbirth", "{run:#}");
+    assert!(run["error"].as_str().unwrap().contains("tcp:"), "{run:#}");
+    let life = wait_finished(&api, fs).await;
+    assert_eq!(
+        only_run(&life)["output"],
+        json!({"file_ok": false, "root_ok": false, "env": []})
+    );
+    assert!(sink.received().is_empty());
+    let life = wait_finished(&api, deep).await;
+    let run = only_run(&life);
+    assert_eq!(state(&life), "Stillbirth", "{run:#}");
+    assert!(
+        run["error"].as_str().unwrap().contains("trapped"),
+        "{run:#}"
+    );
+    let (status, _) = api.get("/healthz").await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn versions_are_never_reused_after_a_delete_nor_under_concurrent_uploads() {
+    let (redis, _sink, _host, api) = start().await;
+    // Concurrent uploads of one name get distinct versions, each with its own record.
+    let uploads: Vec<_> = (0..6)
+        .map(|i| {
+            let api = api.clone();
+            let crate_name = if i % 2 == 0 { "noop" } else { "hostile" };
+            tokio::spawn(async move { upload_plugin(&api, "x", crate_name, "").await })
+        })
+        .collect();
+    let mut metas = Vec::new();
+    for upload in uploads {
+        metas.push(upload.await.unwrap());
+    }
+    let versions: BTreeSet<u64> = metas
+        .iter()
+        .map(|m| m["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, (1..=6).collect::<BTreeSet<u64>>());
+    let (_, shown) = api.get("/plugins/x").await;
+    for meta in &metas {
+        let v = meta["version"].as_u64().unwrap() as usize;
+        assert_eq!(
+            shown["versions"][v - 1]["digest"],
+            meta["digest"],
+            "{shown:#}"
+        );
+    }
+    // A Life pinned to version 2, left behind by a forced delete, must not run whatever
+    // is uploaded next under the same number.
+    let pinned = "7f000000-0000-4000-8000-000000000991";
+    book(
+        &api,
+        &plugin_point(pinned, now_ms() + 2_500, "x@2", json!({"mode": "ok"})),
+    )
+    .await;
+    let (status, _) = api.delete("/plugins/x?force=true").await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        redis.cli(&["--scan", "--pattern", "kairos:wasm:*"]).trim(),
+        ""
+    );
+    let mut again = Vec::new();
+    for _ in 0..2 {
+        again.push(upload_plugin(&api, "x", "hostile", "").await);
+    }
+    let versions: BTreeSet<u64> = again
+        .iter()
+        .map(|m| m["version"].as_u64().unwrap())
+        .collect();
+    assert_eq!(versions, BTreeSet::from([7, 8]), "{again:?}");
+    let life = wait_finished(&api, pinned).await;
+    assert_eq!(state(&life), "Stillbirth", "{life:#}");
+    assert!(
+        only_run(&life)["error"]
+            .as_str()
+            .unwrap()
+            .contains("no plugin `x@2` is registered"),
+        "{life:#}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shorter_of_the_bookings_and_the_plugins_timeout_stops_a_run_even_on_a_slow_server() {
+    let (_redis, sink, _host, api) = start().await;
+    upload_plugin(
+        &api,
+        "slow-ok",
+        "hostile",
+        &format!("{}&timeout=10s", allow_sink(&sink)),
+    )
+    .await;
+    upload_plugin(
+        &api,
+        "quick",
+        "hostile",
+        &format!("{}&timeout=400ms", allow_sink(&sink)),
+    )
+    .await;
+    // The sink holds every response for 5 s: the runs wait on HTTP, not on guest code.
+    sink.set_delay(Duration::from_secs(5));
+    let at = now_ms() + 1_000;
+    let fetch = json!({"mode": "fetch", "url": format!("{}/slow", sink.base_url())});
+    let cases = [
+        // The booking's timeout is the shorter one.
+        (
+            "7f000000-0000-4000-8000-000000000a01",
+            "slow-ok",
+            Some("300ms"),
+            "300 ms",
+        ),
+        // The plugin's is.
+        (
+            "7f000000-0000-4000-8000-000000000a02",
+            "quick",
+            Some("8s"),
+            "400 ms",
+        ),
+        (
+            "7f000000-0000-4000-8000-000000000a03",
+            "quick",
+            None,
+            "400 ms",
+        ),
+    ];
+    for (id, plugin, timeout, _) in cases {
+        let mut action = json!({"plugin": plugin, "input": fetch.clone()});
+        if let Some(t) = timeout {
+            action["timeout"] = json!(t);
+        }
+        book(&api, &point(id, at, action)).await;
+    }
+    for (id, _, _, deadline) in cases {
+        let life = wait_finished(&api, id).await;
+        let run = only_run(&life);
+        assert_eq!(state(&life), "Stillbirth", "{run:#}");
+        let error = run["error"].as_str().unwrap();
+        assert!(
+            error.contains(&format!("ran past its {deadline} deadline")),
+            "{id}: {error}"
+        );
+        assert!(
+            run["duration_ms"].as_u64().unwrap() < 2_000,
+            "held past its deadline: {run:#}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_cannot_inject_headers_or_override_host() {
+    let (_redis, sink, _host, api) = start().await;
+    upload_plugin(&api, "fwd", "http-forward", &allow_sink(&sink)).await;
+    let at = now_ms() + 1_000;
+    let cases = [
+        (
+            "7f000000-0000-4000-8000-000000000b01",
+            json!({"x-a": "b\r\nx-injected: 1"}),
+        ),
+        (
+            "7f000000-0000-4000-8000-000000000b02",
+            json!({"host": "internal.example"}),
+        ),
+        (
+            "7f000000-0000-4000-8000-000000000b03",
+            json!({"transfer-encoding": "chunked"}),
+        ),
+        (
+            "7f000000-0000-4000-8000-000000000b04",
+            json!({"x-a\r\nx-injected": "1"}),
+        ),
+    ];
+    for (id, headers) in &cases {
+        let input = json!({"url": format!("{}/h", sink.base_url()), "headers": headers});
+        book(&api, &plugin_point(id, at, "fwd", input)).await;
+    }
+    for (id, _) in &cases {
+        let life = wait_finished(&api, id).await;
+        let run = only_run(&life);
+        assert_eq!(state(&life), "Stillbirth", "{run:#}");
+        assert!(run["error"].as_str().unwrap().contains("header"), "{run:#}");
+    }
+    assert!(sink.received().is_empty(), "{:?}", sink.received());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_that_books_itself_grows_linearly_not_exponentially() {
+    let (redis, _sink, _host, api) = start().await;
+    upload_plugin(&api, "hostile", "hostile", "timeout=5s").await;
+    let started = std::time::Instant::now();
+    book(
+        &api,
+        &plugin_point(
+            "7f000000-0000-4000-8000-000000000c01",
+            now_ms() + 1_000,
+            "hostile",
+            json!({"mode": "fork", "n": 16}),
+        ),
+    )
+    .await;
+    // Unbounded, 16 a run, this was 13,900 Lives after 8 s; at 100 a second at most
+    // 1 + 100 for every second begun since.
+    let lives = || {
+        redis
+            .cli(&["--scan", "--pattern", "kairos:life:*"])
+            .lines()
+            .count() as u64
+    };
+    let mut seen = 0;
+    while started.elapsed() < Duration::from_secs(7) {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        seen = lives();
+        let seconds = started.elapsed().as_secs() + 1;
+        assert!(
+            seen <= 1 + 100 * seconds,
+            "{seen} Lives after {} ms",
+            started.elapsed().as_millis()
+        );
+    }
+    assert!(seen > 17, "the plugin did book follow-ups: {seen}");
 }

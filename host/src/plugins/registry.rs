@@ -7,7 +7,9 @@
 //! - `plugin:{name}:v{n}`: the same hash for every version, never changed once written;
 //! - `plugin:{name}:lives`: the Lives booked with the plugin (`book.lua` adds them);
 //! - `wasm:{sha256}`: the component's bytes, shared by every version with that digest;
-//! - `wasm-refs`: hash of digest → number of versions that use it.
+//! - `wasm-refs`: hash of digest → number of versions that use it;
+//! - `plugin-versions`: hash of name → the last version ever given to it, kept through a
+//!   DELETE so that a version number never names two different uploads.
 //!
 //! Every host reads the registry when a plugin action fires, so a new upload is used by
 //! the next firing on every host without a restart.
@@ -93,8 +95,15 @@ pub fn valid_name(name: &str) -> bool {
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-/// Splits `name` or `name@version`.
+/// Splits `name` or `name@version`. The name must be valid: it becomes part of a key, and
+/// `noop:lives` would otherwise name the set of Lives that use `noop`.
 pub fn split_spec(spec: &str) -> Result<(&str, Option<u32>), String> {
+    let name = spec.split_once('@').map_or(spec, |(name, _)| name);
+    if !valid_name(name) {
+        return Err(format!(
+            "`{spec}`: a plugin name is 1 to 64 of a-z, 0-9, - and _, starting with a letter or digit"
+        ));
+    }
     match spec.split_once('@') {
         None => Ok((spec, None)),
         Some((name, v)) => v
@@ -111,9 +120,19 @@ pub fn digest_of(bytes: &[u8]) -> String {
 }
 
 const PUT_SCRIPT: &str = r#"
--- KEYS: 1 plugins set, 2 latest hash, 3 wasm-refs; ARGV: 1 prefix, 2 name, 3 digest,
--- 4 size, 5 allowed_hosts, 6 memory_mb, 7 timeout_ms, 8 uploaded_at, 9 uploaded_at_ms
-local version = redis.call('HINCRBY', KEYS[2], 'version', 1)
+-- KEYS: 1 plugins set, 2 latest hash, 3 wasm-refs, 4 wasm:{digest}; ARGV: 1 prefix,
+-- 2 name, 3 digest, 4 size, 5 allowed_hosts, 6 memory_mb, 7 timeout_ms, 8 uploaded_at,
+-- 9 uploaded_at_ms, 10 the component's bytes.
+-- The bytes are stored here, with the reference that keeps them: written apart, a DELETE
+-- of the digest's last other user could run in between and remove them.
+redis.call('SET', KEYS[4], ARGV[10], 'NX')
+local version = redis.call('HINCRBY', ARGV[1] .. 'plugin-versions', ARGV[2], 1)
+-- A name uploaded before this counter existed goes on from its latest version.
+local latest = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
+if version <= latest then
+  version = latest + 1
+  redis.call('HSET', ARGV[1] .. 'plugin-versions', ARGV[2], version)
+end
 local fields = {'name', ARGV[2], 'version', version, 'digest', ARGV[3], 'size', ARGV[4],
   'allowed_hosts', ARGV[5], 'memory_mb', ARGV[6], 'timeout_ms', ARGV[7],
   'uploaded_at', ARGV[8], 'uploaded_at_ms', ARGV[9]}
@@ -208,21 +227,13 @@ impl Registry {
     ) -> Result<PluginMeta, ApiError> {
         let digest = digest_of(bytes);
         let mut conn = self.conn.clone();
-        // Content-addressed: writing the same bytes twice is harmless, and bytes stored
-        // before a crash stop the upload only waste space until the next upload of them.
-        let _: () = redis::cmd("SET")
-            .arg(self.key(&format!("wasm:{digest}")))
-            .arg(bytes)
-            .arg("NX")
-            .query_async(&mut conn)
-            .await
-            .map(|_: Option<String>| ())?;
         let allowed = limits.allowed_hosts.join(",");
         let version: u32 = self
             .put
             .key(self.key("plugins"))
             .key(self.latest_key(name))
             .key(self.key("wasm-refs"))
+            .key(self.key(&format!("wasm:{digest}")))
             .arg(&self.keys.prefix)
             .arg(name)
             .arg(&digest)
@@ -232,6 +243,7 @@ impl Registry {
             .arg(limits.timeout_ms)
             .arg(uploaded_at)
             .arg(uploaded_at_ms)
+            .arg(bytes)
             .invoke_async(&mut conn)
             .await?;
         Ok(PluginMeta {
@@ -248,9 +260,12 @@ impl Registry {
     }
 
     /// The version a spec names (`name` = latest, `name@3` = version 3), if registered.
+    /// A malformed spec names nothing (rather than failing like an unreachable Redis,
+    /// which a run retries).
     pub async fn resolve(&self, spec: &str) -> Result<Option<PluginMeta>, ApiError> {
-        let (name, version) =
-            split_spec(spec).map_err(|e| ApiError::bad_request("unknown_plugin", e))?;
+        let Ok((name, version)) = split_spec(spec) else {
+            return Ok(None);
+        };
         let key = match version {
             None => self.latest_key(name),
             Some(v) => self.version_key(name, v),
@@ -353,5 +368,11 @@ mod tests {
         assert_eq!(split_spec("chain@3").unwrap(), ("chain", Some(3)));
         assert!(split_spec("chain@0").is_err());
         assert!(split_spec("chain@x").is_err());
+        assert!(split_spec("chain@").is_err());
+        assert!(split_spec("chain@99999999999").is_err());
+        assert!(split_spec("chain:lives").is_err());
+        assert!(split_spec("chain:v1@1").is_err());
+        assert!(split_spec("").is_err());
+        assert!(split_spec("@1").is_err());
     }
 }

@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sha2::{Digest, Sha256};
 use tokio::sync::{OnceCell, Semaphore};
 use wasmtime::component::{Component, HasSelf, Linker};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
@@ -35,7 +36,7 @@ use crate::outbound::OutboundPolicy;
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// The largest `memory_mb` an upload may ask for.
 pub const MAX_MEMORY_MB: u32 = 1024;
-/// Output kept in history.
+/// Output kept in history, and bytes of a plugin's error message.
 const MAX_OUTPUT_BYTES: usize = 4096;
 
 /// What the runtime needs from the host's configuration.
@@ -278,14 +279,20 @@ impl PluginRuntime {
         let engine = self.engine.clone();
         let cached = tokio::task::spawn_blocking({
             let path = path.clone();
-            // SAFETY: the file is one this host's engine wrote (below) into its own data
-            // directory, named by the component's digest and the engine's compatibility
-            // hash; deserialize also checks the engine settings it was made with.
-            move || unsafe { Component::deserialize_file(&engine, &path) }
+            move || {
+                let file = std::fs::read(&path).ok()?;
+                let artifact = checked_artifact(&file)?;
+                // SAFETY: the bytes are, checksum verified, what an engine with this
+                // compatibility hash serialized (below) into this host's own data
+                // directory; deserialize also checks the engine settings they were made
+                // with. Without the checksum a damaged file that still parses would run
+                // as machine code.
+                unsafe { Component::deserialize(&engine, artifact) }.ok()
+            }
         })
         .await
         .ok()
-        .and_then(Result::ok);
+        .flatten();
         let component = match cached {
             Some(c) => c,
             None => {
@@ -302,8 +309,11 @@ impl PluginRuntime {
                 let engine = self.engine.clone();
                 tokio::task::spawn_blocking(move || {
                     let component = Component::new(&engine, &bytes)?;
-                    if let Ok(serialized) = component.serialize() {
-                        // Write then rename, so another host process never reads half.
+                    if let Ok(mut serialized) = component.serialize() {
+                        // Followed by its checksum (see `checked_artifact`); written then
+                        // renamed, so another host process never reads half.
+                        let sum = Sha256::digest(&serialized);
+                        serialized.extend_from_slice(&sum);
                         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
                         if std::fs::write(&tmp, serialized).is_ok() {
                             let _ = std::fs::rename(&tmp, &path);
@@ -382,11 +392,12 @@ impl PluginRuntime {
             response_limit: self.settings.response_limit,
             request_timeout: self.settings.request_timeout,
             logs: logs.clone(),
+            in_flight: Outbound::in_flight_places(),
         };
         let memory = meta.memory_mb.min(MAX_MEMORY_MB) as usize * 1024 * 1024;
         let mut store = Store::new(
             &self.engine,
-            Sandbox::new(outbound, memory, self.bookings.clone()),
+            Sandbox::new(outbound, memory, self.bookings.clone(), meta.name.clone()),
         );
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(1);
@@ -411,20 +422,13 @@ impl PluginRuntime {
         {
             Err(_) => Err(Failure::Timeout(meta.timeout_ms)),
             Ok(Err(trap)) => Err(Failure::Trap(root(&trap))),
+            // The message goes into the Plan's history (and so Redis) like the output,
+            // so it is bounded the same way.
             Ok(Ok(Err(e))) => Err(Failure::Plugin {
-                message: e.message,
+                message: truncated(e.message, MAX_OUTPUT_BYTES),
                 retryable: e.retryable,
             }),
-            Ok(Ok(Ok(mut output))) => {
-                if output.len() > MAX_OUTPUT_BYTES {
-                    let mut cut = MAX_OUTPUT_BYTES;
-                    while !output.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    output.truncate(cut);
-                }
-                Ok(output)
-            }
+            Ok(Ok(Ok(output))) => Ok(truncated(output, MAX_OUTPUT_BYTES)),
         };
         drop(store);
         Invocation {
@@ -446,6 +450,27 @@ impl PluginRuntime {
     }
 }
 
+/// The compiled artifact in a cache file, which is the artifact followed by its SHA-256;
+/// None when the file is damaged (or from before the checksum), so that it is compiled
+/// again rather than run.
+fn checked_artifact(file: &[u8]) -> Option<&[u8]> {
+    let split = file.len().checked_sub(32)?;
+    let (artifact, sum) = file.split_at(split);
+    (Sha256::digest(artifact).as_slice() == sum).then_some(artifact)
+}
+
+/// The first `max` bytes of `text`, cut at a character boundary.
+fn truncated(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut cut = max;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+    }
+    text
+}
+
 /// The innermost cause of a wasmtime error, which names the trap.
 fn root(e: &wasmtime::Error) -> String {
     let mut text = e.root_cause().to_string();
@@ -457,7 +482,30 @@ fn root(e: &wasmtime::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::Failure;
+    use super::{checked_artifact, truncated, Failure};
+    use sha2::{Digest, Sha256};
+
+    #[test]
+    fn a_cache_file_is_used_only_when_its_checksum_matches() {
+        let artifact = b"compiled code".to_vec();
+        let mut file = artifact.clone();
+        file.extend_from_slice(&Sha256::digest(&artifact));
+        assert_eq!(checked_artifact(&file), Some(&artifact[..]));
+        let mut flipped = file.clone();
+        flipped[3] ^= 1;
+        assert_eq!(checked_artifact(&flipped), None);
+        assert_eq!(checked_artifact(&file[..file.len() - 1]), None);
+        assert_eq!(checked_artifact(&file[..10]), None);
+        assert_eq!(checked_artifact(&artifact), None);
+    }
+
+    #[test]
+    fn long_texts_are_cut_at_a_character_boundary() {
+        assert_eq!(truncated("abc".into(), 4), "abc");
+        assert_eq!(truncated("abcdef".into(), 4), "abcd");
+        // "é" is two bytes: cutting after 3 bytes would split it.
+        assert_eq!(truncated("abé".into(), 3), "ab");
+    }
 
     #[test]
     fn only_a_plugin_asking_for_it_or_an_unreachable_redis_is_retried() {

@@ -34,6 +34,15 @@ pub const MAX_LOG_LINES: usize = 64;
 pub const MAX_LOG_BYTES: usize = 16 * 1024;
 /// Follow-up bookings one run may make.
 pub const MAX_BOOKINGS_PER_RUN: u32 = 16;
+/// Follow-up bookings all runs of one plugin may make in one second, on all hosts
+/// together. With 16 a run alone, a plugin that books itself grows exponentially (one
+/// booking became 13,900 Lives in 8 s); this makes it linear, like a REST client.
+pub const MAX_PLUGIN_BOOKINGS_PER_SECOND: u64 = 100;
+/// Outgoing requests one run may have open at once (sent and not yet answered, or
+/// answered with a body the plugin still holds); further ones wait for a place, within
+/// the run's deadline. Without it one run could open a connection per request it starts
+/// and exhaust the host's file descriptors.
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 8;
 
 /// The body type wasi-http hands to the hook.
 pub type WasiBody = wasmtime_wasi_http::WasiBody;
@@ -166,16 +175,43 @@ pub struct Outbound {
     pub response_limit: usize,
     pub request_timeout: Duration,
     pub logs: LogSink,
+    /// [`MAX_REQUESTS_IN_FLIGHT`] places, one per open request of this run.
+    pub in_flight: Arc<tokio::sync::Semaphore>,
 }
 
-fn plugin_allows(allowed: &[AllowedHost], uri: &http::Uri) -> bool {
+impl Outbound {
+    /// The places for a new run's requests.
+    pub fn in_flight_places() -> Arc<tokio::sync::Semaphore> {
+        Arc::new(tokio::sync::Semaphore::new(MAX_REQUESTS_IN_FLIGHT))
+    }
+}
+
+/// What a plugin's own `allowed_hosts` says of a target.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Grant {
+    /// Not listed.
+    Refused,
+    /// Listed by name (and port).
+    Named,
+    /// Only through `*`: public addresses only.
+    AnyPublic,
+}
+
+fn plugin_allows(allowed: &[AllowedHost], uri: &http::Uri) -> Grant {
     let Some((host, port)) = host_port(uri) else {
-        return false;
+        return Grant::Refused;
     };
-    allowed.iter().any(|entry| match entry {
-        AllowedHost::AnyPublic => true,
+    let named = allowed.iter().any(|entry| match entry {
+        AllowedHost::AnyPublic => false,
         AllowedHost::Host { host: h, port: p } => *h == host && p.is_none_or(|p| p == port),
-    })
+    });
+    if named {
+        Grant::Named
+    } else if allowed.contains(&AllowedHost::AnyPublic) {
+        Grant::AnyPublic
+    } else {
+        Grant::Refused
+    }
 }
 
 type ResponseFuture = Box<
@@ -200,20 +236,26 @@ impl WasiHttpHooks for Outbound {
         let limit = self.response_limit;
         let timeout = self.request_timeout;
         let logs = self.logs.clone();
+        let in_flight = self.in_flight.clone();
         Box::new(async move {
             use wasmtime_wasi_http::Error;
             let uri = request.uri().clone();
-            let refusal = if !plugin_allows(&allowed, &uri) {
-                Some(format!(
+            let refusal = match plugin_allows(&allowed, &uri) {
+                Grant::Refused => Some(format!(
                     "outbound policy: {uri} is not in this plugin's allowed_hosts"
-                ))
-            } else {
-                policy.check(&uri).await.err()
+                )),
+                Grant::Named => policy.check(&uri).await.err(),
+                Grant::AnyPublic => policy.check_public(&uri).await.err(),
             };
             if let Some(refusal) = refusal {
                 logs.push(format!("denied: {refusal}"));
                 return Err(Error::HttpRequestDenied);
             }
+            // Held until the response body is dropped (or the request fails).
+            let permit = in_flight
+                .acquire_owned()
+                .await
+                .expect("the in-flight semaphore is never closed");
             let response = match tokio::time::timeout(timeout, client.request(request)).await {
                 Err(_) => return Err(Error::HttpResponseTimeout),
                 Ok(Err(e)) if e.is_connect() => return Err(Error::ConnectionRefused),
@@ -228,6 +270,10 @@ impl WasiHttpHooks for Outbound {
                         } else {
                             Error::InternalError(Some(e.to_string()))
                         }
+                    })
+                    .map_frame(move |frame| {
+                        let _held = &permit;
+                        frame
                     })
                     .boxed_unsync()
             });
@@ -248,10 +294,17 @@ pub struct Sandbox {
     pub logs: LogSink,
     bookings: Arc<Bookings>,
     booked: u32,
+    /// The plugin's name, for its bookings-per-second budget.
+    plugin: String,
 }
 
 impl Sandbox {
-    pub fn new(outbound: Outbound, memory_bytes: usize, bookings: Arc<Bookings>) -> Self {
+    pub fn new(
+        outbound: Outbound,
+        memory_bytes: usize,
+        bookings: Arc<Bookings>,
+        plugin: String,
+    ) -> Self {
         let logs = outbound.logs.clone();
         let wasi = WasiCtxBuilder::new()
             .stdout(Capture {
@@ -278,6 +331,7 @@ impl Sandbox {
             logs,
             bookings,
             booked: 0,
+            plugin,
         }
     }
 }
@@ -325,6 +379,28 @@ impl schedule::Host for Sandbox {
             });
         }
         self.booked += 1;
+        match self
+            .bookings
+            .count_plugin_booking(&self.plugin, MAX_PLUGIN_BOOKINGS_PER_SECOND)
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => {
+                return Err(schedule::BookingError {
+                    code: "too_many_bookings".into(),
+                    message: format!(
+                    "plugin {} may book at most {MAX_PLUGIN_BOOKINGS_PER_SECOND} Lives a second",
+                    self.plugin
+                ),
+                })
+            }
+            Err(e) => {
+                return Err(schedule::BookingError {
+                    code: e.code.into(),
+                    message: e.message,
+                })
+            }
+        }
         match self.bookings.book_json(request.as_bytes()).await {
             Ok(life) => {
                 self.logs.push(format!("booked Life {}", life.life_uuid));
@@ -367,11 +443,17 @@ mod tests {
             },
         ];
         let uri = |s: &str| s.parse::<http::Uri>().unwrap();
-        assert!(plugin_allows(&allowed, &uri("http://127.0.0.1:9000/x")));
-        assert!(!plugin_allows(&allowed, &uri("http://127.0.0.1:9001/x")));
-        assert!(plugin_allows(&allowed, &uri("https://api.example.com/v1")));
-        assert!(!plugin_allows(&allowed, &uri("https://evil.example.com/")));
-        assert!(!plugin_allows(&[], &uri("https://api.example.com/v1")));
+        let grant = |list: &[AllowedHost], u: &str| plugin_allows(list, &uri(u));
+        assert_eq!(grant(&allowed, "http://127.0.0.1:9000/x"), Grant::Named);
+        assert_eq!(grant(&allowed, "http://127.0.0.1:9001/x"), Grant::Refused);
+        assert_eq!(grant(&allowed, "https://api.example.com/v1"), Grant::Named);
+        assert_eq!(grant(&allowed, "https://evil.example.com/"), Grant::Refused);
+        assert_eq!(grant(&[], "https://api.example.com/v1"), Grant::Refused);
+        // `*` grants public hosts only; a name listed beside it is granted as named.
+        let mut open = allowed.clone();
+        open.push(AllowedHost::AnyPublic);
+        assert_eq!(grant(&open, "https://evil.example.com/"), Grant::AnyPublic);
+        assert_eq!(grant(&open, "http://127.0.0.1:9000/x"), Grant::Named);
     }
 
     #[test]
