@@ -56,7 +56,7 @@ pub struct RuntimeSettings {
 }
 
 /// The measured best `keep_resident` on the 2-core machine (BENCHMARKS.md).
-pub const DEFAULT_KEEP_RESIDENT: usize = 2 << 20;
+pub const DEFAULT_KEEP_RESIDENT: usize = 256 << 10;
 
 /// The firing that runs a plugin.
 #[derive(Debug, Clone)]
@@ -144,7 +144,7 @@ fn engine_config(instances: u32, keep_resident: usize, pagemap_scan: bool) -> Co
         // page faults on reuse: those take the process-wide mmap lock and shoot down
         // TLBs on every core, which serialises concurrent invocations.
         .linear_memory_keep_resident(keep_resident)
-        .table_keep_resident(keep_resident)
+        .table_keep_resident(64 * 1024)
         .async_stack_keep_resident(keep_resident.min(256 * 1024))
         .pagemap_scan(if pagemap_scan {
             wasmtime::Enabled::Auto
