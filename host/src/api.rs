@@ -52,12 +52,7 @@ impl App {
             .and_then(Value::as_str)
             .map(|s| vec![s.to_string()])
             .unwrap_or_default();
-        let exists = self.bookings.plugins.existing(&specs).await?;
-        let known: std::collections::HashSet<String> = specs
-            .into_iter()
-            .zip(exists)
-            .filter_map(|(spec, yes)| yes.then_some(spec))
-            .collect();
+        let known = self.bookings.plugins.registered(specs).await?;
         let registered = |spec: &str| known.contains(spec);
         booking::parse_action(which, value, &self.bookings.rules(now_ms, &registered))
     }

@@ -154,6 +154,24 @@ const MAX_ACTION_DURATION_SECS: u64 = 86_400;
 /// Reads a duration given as seconds (fractions allowed) or a string such as `500ms`;
 /// at most a day.
 fn parse_seconds(field: &str, value: &Value) -> Result<u64, ApiError> {
+    let duration = parse_duration_value(field, value)?;
+    if duration.as_secs() > MAX_ACTION_DURATION_SECS
+        || (duration.as_secs() == MAX_ACTION_DURATION_SECS && duration.subsec_nanos() > 0)
+    {
+        return Err(bad(
+            "invalid_duration",
+            format!("{field} must be at most {MAX_ACTION_DURATION_SECS} seconds (one day)"),
+        ));
+    }
+    Ok(duration.as_millis() as u64)
+}
+
+/// Reads a duration given as seconds (fractions allowed) or a string such as `500ms`,
+/// with no upper bound (400 `invalid_duration` otherwise).
+pub(crate) fn parse_duration_value(
+    field: &str,
+    value: &Value,
+) -> Result<std::time::Duration, ApiError> {
     let text = match value {
         Value::Number(n) => n.to_string(),
         Value::String(s) => s.clone(),
@@ -164,17 +182,8 @@ fn parse_seconds(field: &str, value: &Value) -> Result<u64, ApiError> {
             ))
         }
     };
-    let duration = crate::config::parse_duration(&text, std::time::Duration::from_secs(1))
-        .map_err(|e| bad("invalid_duration", format!("{field}: {e}")))?;
-    if duration.as_secs() > MAX_ACTION_DURATION_SECS
-        || (duration.as_secs() == MAX_ACTION_DURATION_SECS && duration.subsec_nanos() > 0)
-    {
-        return Err(bad(
-            "invalid_duration",
-            format!("{field} must be at most {MAX_ACTION_DURATION_SECS} seconds (one day)"),
-        ));
-    }
-    Ok(duration.as_millis() as u64)
+    crate::config::parse_duration(&text, std::time::Duration::from_secs(1))
+        .map_err(|e| bad("invalid_duration", format!("{field}: {e}")))
 }
 
 fn opt_seconds(field: &str, value: &Option<Value>) -> Result<Option<u64>, ApiError> {

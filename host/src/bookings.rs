@@ -37,13 +37,7 @@ impl Bookings {
         &self,
         request: &BookingRequest,
     ) -> Result<HashSet<String>, ApiError> {
-        let specs = request.plugin_specs();
-        let exists = self.plugins.existing(&specs).await?;
-        Ok(specs
-            .into_iter()
-            .zip(exists)
-            .filter_map(|(spec, yes)| yes.then_some(spec))
-            .collect())
+        self.plugins.registered(request.plugin_specs()).await
     }
 
     /// Validates and stores the body of a `POST /schedules`.

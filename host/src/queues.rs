@@ -240,19 +240,7 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError
 
 /// Seconds (a number) or a string such as `500ms`, in ms.
 fn duration_ms(field: &str, value: &Value) -> Result<u64, ApiError> {
-    let text = match value {
-        Value::Number(n) => n.to_string(),
-        Value::String(s) => s.clone(),
-        _ => {
-            return Err(bad(
-                "invalid_duration",
-                format!("{field} must be seconds or a string such as \"500ms\""),
-            ))
-        }
-    };
-    crate::config::parse_duration(&text, std::time::Duration::from_secs(1))
-        .map(|d| d.as_millis() as u64)
-        .map_err(|e| bad("invalid_duration", format!("{field}: {e}")))
+    crate::booking::parse_duration_value(field, value).map(|d| d.as_millis() as u64)
 }
 
 impl QueueBody {

@@ -275,8 +275,21 @@ impl Registry {
         Ok(PluginMeta::from_hash(&hash))
     }
 
+    /// The `specs` that are registered, in one round trip.
+    pub async fn registered(
+        &self,
+        specs: Vec<String>,
+    ) -> Result<std::collections::HashSet<String>, ApiError> {
+        let exists = self.existing(&specs).await?;
+        Ok(specs
+            .into_iter()
+            .zip(exists)
+            .filter_map(|(spec, yes)| yes.then_some(spec))
+            .collect())
+    }
+
     /// Which of `specs` are registered, in one round trip.
-    pub async fn existing(&self, specs: &[String]) -> Result<Vec<bool>, ApiError> {
+    async fn existing(&self, specs: &[String]) -> Result<Vec<bool>, ApiError> {
         if specs.is_empty() {
             return Ok(Vec::new());
         }
