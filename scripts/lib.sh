@@ -56,3 +56,23 @@ build_plugins() {
   cargo build -j2 --release --target wasm32-wasip2 \
     --manifest-path plugins/Cargo.toml --target-dir target-plugins
 }
+
+# A Python virtual environment for the test tools from PyPI (the cron oracle, and later
+# others), in target/test-venv. Needs python3 with its venv module (Debian: python3-venv).
+need_test_venv() {
+  venv=target/test-venv
+  if [ ! -x "$venv/bin/python" ]; then
+    command -v python3 >/dev/null 2>&1 || { echo "python3 is missing: apt-get install -y python3 python3-venv" >&2; exit 1; }
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+      if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      fi
+      rm -rf "$venv"
+      python3 -m venv "$venv" || { echo "python3 cannot make a virtual environment: apt-get install -y python3-venv" >&2; exit 1; }
+    fi
+  fi
+  # Pinned: the oracle's answers must not move under the test.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check cronsim==2.8 croniter==7.0.0 || {
+    echo "cannot install cronsim and croniter from PyPI into $venv" >&2; exit 1; }
+  TEST_PYTHON="$venv/bin/python"
+}

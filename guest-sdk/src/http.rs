@@ -45,7 +45,7 @@ impl HttpError {
     fn from_code(url: &str, code: ErrorCode) -> Self {
         let denied = matches!(code, ErrorCode::HttpRequestDenied);
         let message = if denied {
-            format!("{url}: the host's outbound policy refused the request")
+            format!("{url}: the request was denied by the outbound policy (the plugin's allowed_hosts or the host's --allowed-hosts; the run's logs say which)")
         } else {
             format!("{url}: {code:?}")
         };
@@ -147,11 +147,30 @@ impl Request {
         self
     }
 
+    /// The headers sent: those given, plus `content-length` for a body the request has
+    /// whole (so that it goes out with a length, not `transfer-encoding: chunked`),
+    /// unless given. A request with no body whose method expects none (GET, HEAD,
+    /// DELETE, OPTIONS, TRACE) gets none (RFC 9110, 8.6).
+    fn headers_to_send(&self) -> Vec<(String, String)> {
+        let mut headers = self.headers.clone();
+        let has_length = headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("content-length"));
+        let expects_no_body = matches!(
+            self.method.as_str(),
+            "GET" | "HEAD" | "DELETE" | "OPTIONS" | "TRACE"
+        );
+        if !has_length && !(self.body.is_empty() && expects_no_body) {
+            headers.push(("content-length".into(), self.body.len().to_string()));
+        }
+        headers
+    }
+
     /// Sends the request and reads the whole response.
     pub fn send(self) -> Result<Response, HttpError> {
         let url = Url::parse(&self.url)?;
         let fields = Fields::new();
-        for (name, value) in &self.headers {
+        for (name, value) in &self.headers_to_send() {
             fields
                 .append(&name.to_ascii_lowercase(), &value.as_bytes().to_vec())
                 .map_err(|e| HttpError::new(format!("header `{name}`: {e:?}")))?;
@@ -290,5 +309,44 @@ impl Url {
             authority: authority.to_string(),
             path_with_query,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sent(r: &Request) -> Vec<(String, String)> {
+        r.headers_to_send()
+    }
+
+    #[test]
+    fn a_whole_body_goes_out_with_its_length() {
+        let r = Request::new("POST", "http://x/").json(&serde_json::json!({"a": 1}));
+        assert!(sent(&r).contains(&("content-length".into(), "7".into())));
+        let empty_post = Request::new("POST", "http://x/");
+        assert!(sent(&empty_post).contains(&("content-length".into(), "0".into())));
+        // A length given is kept, not doubled.
+        let given = Request::new("PUT", "http://x/")
+            .header("Content-Length", "3")
+            .body("abc");
+        let lengths: Vec<_> = sent(&given)
+            .into_iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("content-length"))
+            .collect();
+        assert_eq!(lengths, [("Content-Length".to_string(), "3".to_string())]);
+    }
+
+    #[test]
+    fn a_get_without_a_body_has_no_length() {
+        for method in ["GET", "head", "DELETE", "OPTIONS"] {
+            let r = Request::new(method, "http://x/");
+            assert!(
+                !sent(&r).iter().any(|(k, _)| k == "content-length"),
+                "{method}"
+            );
+        }
+        let get_with_body = Request::new("GET", "http://x/").body("q");
+        assert!(sent(&get_with_body).contains(&("content-length".into(), "1".into())));
     }
 }

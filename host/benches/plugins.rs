@@ -17,7 +17,7 @@ use kairos::bookings::Bookings;
 use kairos::clock::SystemClock;
 use kairos::config::{AllowedHost, Config};
 use kairos::model::{PlanKind, WebhookAction};
-use kairos::outbound::OutboundPolicy;
+use kairos::outbound::{OutboundPolicy, PolicyResolver};
 use kairos::plugins::registry::UploadLimits;
 use kairos::plugins::runtime::DEFAULT_KEEP_RESIDENT;
 use kairos::plugins::{InvokeContext, PluginRuntime, Registry, RuntimeSettings};
@@ -108,8 +108,10 @@ fn main() {
 async fn run() {
     let (_redis, url) = start_redis();
     let data = std::env::temp_dir().join(format!("kairos-plugin-bench-{}", std::process::id()));
-    let store = Store::connect(&url, "bench", chrono_tz::UTC).await.unwrap();
-    let registry = Registry::new(store.connection(), store.keys.clone());
+    let store = Store::connect(&url, "bench", chrono_tz::UTC, None)
+        .await
+        .unwrap();
+    let registry = Registry::new(store.conn(), store.keys.registry());
     let sink = start_sink().await;
     let config = Config {
         allowed_hosts: vec![AllowedHost::Host {
@@ -125,6 +127,7 @@ async fn run() {
         store: store.clone(),
         clock: Arc::new(SystemClock),
         plugins: registry.clone(),
+        policy: policy.clone(),
     });
     let make_runtime = |keep_resident: usize, pagemap_scan: bool| {
         PluginRuntime::new(
@@ -134,7 +137,16 @@ async fn run() {
                 instances: 256,
                 cache_dir: data.join("plugin-cache"),
                 policy: policy.clone(),
-                client: pooled_client(tls.clone(), Duration::from_secs(5)),
+                client: pooled_client(
+                    tls.clone(),
+                    Duration::from_secs(5),
+                    PolicyResolver::new(policy.clone(), false),
+                ),
+                public_client: pooled_client(
+                    tls.clone(),
+                    Duration::from_secs(5),
+                    PolicyResolver::new(policy.clone(), true),
+                ),
                 response_limit: 64 * 1024,
                 request_timeout: Duration::from_secs(10),
                 keep_resident,
@@ -192,7 +204,7 @@ async fn run() {
     let fwd_input = serde_json::json!({"url": target, "body": {"n": 1}}).to_string();
     let webhook = WebhookAgent::new(
         None,
-        OutboundPolicy::new(config.allowed_hosts.clone(), None),
+        Arc::new(OutboundPolicy::new(config.allowed_hosts.clone(), None)),
         None,
         Duration::from_secs(5),
         Duration::from_secs(10),
@@ -209,6 +221,7 @@ async fn run() {
         request_timeout_ms: None,
         retry_count: 0,
         retry_interval_ms: 0,
+        callbacks: Default::default(),
     };
     let call_ctx = CallContext {
         life_uuid: "00000000-0000-4000-8000-000000000000",

@@ -93,14 +93,19 @@ pub struct ServeArgs {
     /// Retry period of a failing death action (ms) [default: 1m].
     #[arg(long, env = "KAIROS_DEATH_RETRY_INTERVAL")]
     pub death_retry_interval: Option<String>,
+    /// How long the answer to a booking call made with an `Idempotency-Key` is replayed
+    /// to repeats of that call (s) [default: 24h].
+    #[arg(long, env = "KAIROS_IDEMPOTENCY_TTL")]
+    pub idempotency_ttl: Option<String>,
     /// Retention of history and finished Lives, in days (fractions allowed) [default: 1].
     #[arg(long, env = "KAIROS_SCHEDULE_HISTORY_DURATION_DAYS")]
     pub schedule_history_duration_days: Option<String>,
     /// Bound of the queue of fired Plans waiting for a worker [default: 256].
     #[arg(long, env = "KAIROS_TIMEDOUT_QUEUE_MAX_SIZE")]
     pub timedout_queue_max_size: Option<String>,
-    /// Response codes that are retried; 599 is a connect error or timeout
-    /// [default: 500,502,503,504,599].
+    /// Response codes that are retried; 599 is a connect error or timeout. A target's
+    /// `Retry-After` on such an answer sets the next attempt's time
+    /// [default: 429,500,502,503,504,599].
     #[arg(long, env = "KAIROS_EXECUTION_RETRY_CODES")]
     pub execution_retry_codes: Option<String>,
     /// Most actions this host runs at once (each slot covers one outbound call)
@@ -110,9 +115,15 @@ pub struct ServeArgs {
     /// Most Plans this host holds claimed in memory at once [default: 100000].
     #[arg(long, env = "KAIROS_MAX_CLAIMED")]
     pub max_claimed: Option<String>,
-    /// How long a host's claim on its Plans lasts without a heartbeat (ms) [default: 30s].
+    /// How long a host's claim on its Plans lasts without a heartbeat (ms) [default: 4s].
+    /// A crashed host's Plans are taken over about this long after it stopped; the
+    /// heartbeat renews it every quarter of it.
     #[arg(long, env = "KAIROS_LEASE_TTL")]
     pub lease_ttl: Option<String>,
+    /// How long a SIGTERM waits for the runs under way before handing the rest back (ms)
+    /// [default: 30s].
+    #[arg(long, env = "KAIROS_SHUTDOWN_TIMEOUT")]
+    pub shutdown_timeout: Option<String>,
     /// API bearer tokens, comma separated, each `TOKEN:scope` with scope read, book or
     /// admin. Without tokens the API is open (loopback only unless --insecure).
     #[arg(long, env = "KAIROS_API_TOKENS")]
@@ -157,14 +168,49 @@ pub struct ServeArgs {
     /// the Mozilla roots compiled in (for targets behind a private CA).
     #[arg(long, env = "KAIROS_TLS_CA_FILE")]
     pub tls_ca_file: Option<PathBuf>,
-    /// Approximate length cap of the `runs` stream of every run [default: 100000].
+    /// Keep a `runs` stream per shard, capped near this length, with every run for
+    /// operators to tail; 0 keeps none (each run's history stays with its Life, timer or
+    /// task either way) [default: 0].
     #[arg(long, env = "KAIROS_RUNS_STREAM_MAX_LEN")]
     pub runs_stream_max_len: Option<String>,
+    /// Logical shards of a new keyspace (1-1024), fixed once it is created; leave it out
+    /// to use an existing keyspace's [default: 32]. See docs/operations.md.
+    #[arg(long, env = "KAIROS_SHARDS")]
+    pub shards: Option<String>,
+    /// Answer a booking only once this many replicas hold it (Redis WAIT), so that a
+    /// failover loses no acknowledged booking [default: 0].
+    #[arg(long, env = "KAIROS_MIN_REPLICAS_ACK")]
+    pub min_replicas_ack: Option<String>,
+    /// Keep at most this many finished Lives (with their runs) as history, besides the
+    /// retention by age; the oldest go first. Split evenly over the shards [default: no
+    /// limit].
+    #[arg(long, env = "KAIROS_HISTORY_MAX_LIVES")]
+    pub history_max_lives: Option<String>,
+    /// Also serve /metrics, without a token, on this address (e.g. 0.0.0.0:9090 for
+    /// Prometheus); /metrics stays on --listen too, under the read scope.
+    #[arg(long, env = "KAIROS_METRICS_LISTEN")]
+    pub metrics_listen: Option<String>,
+    /// Run on a Redis whose maxmemory-policy may evict keys (anything but noeviction).
+    /// Evicted keys are lost bookings and lost resource locks: leave this off.
+    #[arg(long, env = "KAIROS_ALLOW_EVICTION")]
+    pub allow_eviction: bool,
+    /// maxmemory of the redis-server kairos starts itself (no --redis-url), in bytes or
+    /// with a unit such as 512mb or 4gb [default: half of this machine's memory].
+    #[arg(long, env = "KAIROS_REDIS_MAXMEMORY")]
+    pub redis_maxmemory: Option<String>,
+    /// How the redis-server kairos starts itself syncs its append-only file: `everysec`
+    /// (a power loss may drop the last second of acknowledged bookings) or `always`
+    /// (fsync before each answer; slower bookings) [default: everysec].
+    #[arg(long, env = "KAIROS_DURABILITY")]
+    pub durability: Option<String>,
 }
 
 /// An API token and the scope it grants.
 #[derive(Debug, Clone)]
 pub struct ApiToken {
+    /// What the audit log calls it: the name given (`name@token:scope`), or else a
+    /// fingerprint of the token (not the secret itself).
+    pub name: String,
     /// The secret a client sends as `Authorization: Bearer {token}`.
     pub token: String,
     /// The highest scope it grants.
@@ -201,6 +247,8 @@ pub struct Config {
     pub execution_delay_guard_time: Duration,
     pub birth_delay_limit_time: Duration,
     pub death_retry_interval: Duration,
+    /// How long an `Idempotency-Key`'s answer is replayed.
+    pub idempotency_ttl: Duration,
     /// Retention of history and finished Lives.
     pub history_retention: Duration,
     pub timedout_queue_max_size: usize,
@@ -208,6 +256,7 @@ pub struct Config {
     pub workers: usize,
     pub max_claimed: usize,
     pub lease_ttl: Duration,
+    pub shutdown_timeout: Duration,
     pub api_tokens: Vec<ApiToken>,
     pub max_body_bytes: usize,
     pub plugin_memory_mb: u32,
@@ -222,6 +271,19 @@ pub struct Config {
     pub request_timeout: Duration,
     pub runs_stream_max_len: usize,
     pub tls_ca_file: Option<PathBuf>,
+    /// Shards asked for (None: the keyspace's, or 32 for a new one).
+    pub shards: Option<u32>,
+    pub min_replicas_ack: u32,
+    /// Most finished Lives kept as history (None: only the retention by age).
+    pub history_max_lives: Option<u64>,
+    /// Where /metrics is also served, without a token.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Start even when Redis may evict keys.
+    pub allow_eviction: bool,
+    /// maxmemory of the managed redis-server, as Redis reads it (`512mb`, bytes).
+    pub redis_maxmemory: Option<String>,
+    /// appendfsync of the managed redis-server: `everysec` or `always`.
+    pub durability: String,
 }
 
 impl Default for Config {
@@ -286,12 +348,14 @@ const KNOWN_KEYS: &[&str] = &[
     "execution_delay_guard_time",
     "birth_delay_limit_time",
     "death_retry_interval",
+    "idempotency_ttl",
     "schedule_history_duration_days",
     "timedout_queue_max_size",
     "execution_retry_codes",
     "workers",
     "max_claimed",
     "lease_ttl",
+    "shutdown_timeout",
     "api_tokens",
     "max_body_bytes",
     "plugin_memory_mb",
@@ -306,7 +370,32 @@ const KNOWN_KEYS: &[&str] = &[
     "request_timeout",
     "runs_stream_max_len",
     "tls_ca_file",
+    "shards",
+    "min_replicas_ack",
+    "history_max_lives",
+    "metrics_listen",
+    "allow_eviction",
+    "redis_maxmemory",
+    "durability",
 ];
+
+/// Checks a memory size as redis-server reads it: bytes, or a number with `kb`, `mb`,
+/// `gb` (or `k`, `m`, `g`); returns it lower-cased.
+fn parse_memory_size(text: &str) -> Result<String, ConfigError> {
+    let size = text.trim().to_ascii_lowercase();
+    let digits = size.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &size[digits.len()..];
+    let ok = !digits.is_empty()
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && digits.parse::<u64>().is_ok_and(|n| n > 0)
+        && ["", "b", "k", "kb", "m", "mb", "g", "gb"].contains(&unit);
+    if !ok {
+        return Err(ConfigError(format!(
+            "redis_maxmemory: `{text}` is not a size such as 512mb or 4gb"
+        )));
+    }
+    Ok(size)
+}
 
 /// Parses a duration: a plain number (fractions allowed) in `unit`, or a humantime string
 /// such as `500ms`, `30s`, `3m`, `1h 30m`.
@@ -405,7 +494,7 @@ impl Config {
         }
         let codes_text = r
             .pick("execution_retry_codes", &args.execution_retry_codes)
-            .unwrap_or_else(|| "500,502,503,504,599".into());
+            .unwrap_or_else(|| "429,500,502,503,504,599".into());
         let execution_retry_codes = codes_text
             .split(',')
             .map(str::trim)
@@ -488,6 +577,15 @@ impl Config {
                 MS,
                 Duration::from_secs(60),
             )?,
+            idempotency_ttl: match r.duration(
+                "idempotency_ttl",
+                &args.idempotency_ttl,
+                SECOND,
+                Duration::from_secs(86_400),
+            )? {
+                ttl if ttl >= Duration::from_secs(1) => ttl,
+                _ => return Err(ConfigError("idempotency_ttl: must be 1 s or more".into())),
+            },
             history_retention: Duration::from_secs_f64(retention_days * 86_400.0),
             timedout_queue_max_size: r.number(
                 "timedout_queue_max_size",
@@ -497,7 +595,13 @@ impl Config {
             execution_retry_codes,
             workers: r.number("workers", &args.workers, 256usize)?,
             max_claimed: r.number("max_claimed", &args.max_claimed, 100_000usize)?,
-            lease_ttl: r.duration("lease_ttl", &args.lease_ttl, MS, Duration::from_secs(30))?,
+            lease_ttl: r.duration("lease_ttl", &args.lease_ttl, MS, Duration::from_secs(4))?,
+            shutdown_timeout: r.duration(
+                "shutdown_timeout",
+                &args.shutdown_timeout,
+                MS,
+                Duration::from_secs(30),
+            )?,
             api_tokens,
             max_body_bytes: r.number("max_body_bytes", &args.max_body_bytes, 1usize << 20)?,
             plugin_memory_mb: r.number("plugin_memory_mb", &args.plugin_memory_mb, 64u32)?,
@@ -542,12 +646,67 @@ impl Config {
             runs_stream_max_len: r.number(
                 "runs_stream_max_len",
                 &args.runs_stream_max_len,
-                100_000usize,
+                0usize,
             )?,
             tls_ca_file: args
                 .tls_ca_file
                 .clone()
                 .or_else(|| r.file.get("tls_ca_file").map(PathBuf::from)),
+            shards: match r.pick("shards", &args.shards) {
+                Some(text) => Some(
+                    text.trim()
+                        .parse::<u32>()
+                        .ok()
+                        .filter(|n| (1..=1024).contains(n))
+                        .ok_or_else(|| {
+                            ConfigError(format!(
+                                "shards: `{text}` is not a whole number from 1 to 1024"
+                            ))
+                        })?,
+                ),
+                None => None,
+            },
+            min_replicas_ack: r.number("min_replicas_ack", &args.min_replicas_ack, 0u32)?,
+            history_max_lives: match r.pick("history_max_lives", &args.history_max_lives) {
+                Some(text) => Some(
+                    text.trim()
+                        .parse::<u64>()
+                        .ok()
+                        .filter(|n| *n >= 1)
+                        .ok_or_else(|| {
+                            ConfigError(format!(
+                                "history_max_lives: `{text}` is not a whole number of 1 or more"
+                            ))
+                        })?,
+                ),
+                None => None,
+            },
+            metrics_listen: match r.pick("metrics_listen", &args.metrics_listen) {
+                Some(text) => Some(text.parse().map_err(|_| {
+                    ConfigError(format!(
+                        "metrics_listen: `{text}` is not an address like 127.0.0.1:9090"
+                    ))
+                })?),
+                None => None,
+            },
+            allow_eviction: args.allow_eviction
+                || r.file
+                    .get("allow_eviction")
+                    .map(|v| v == "true")
+                    .unwrap_or(false),
+            redis_maxmemory: match r.pick("redis_maxmemory", &args.redis_maxmemory) {
+                Some(text) => Some(parse_memory_size(&text)?),
+                None => None,
+            },
+            durability: match r.pick("durability", &args.durability) {
+                None => "everysec".into(),
+                Some(text) if text == "everysec" || text == "always" => text,
+                Some(text) => {
+                    return Err(ConfigError(format!(
+                        "durability: `{text}` is neither `everysec` nor `always`"
+                    )))
+                }
+            },
         };
         config.check()?;
         Ok(config)
@@ -588,18 +747,34 @@ impl Config {
     }
 }
 
+/// A token's name when none is given: `token-` and the first 8 hex digits of its
+/// SHA-256, enough to tell tokens apart in a log without writing the secret there.
+fn token_fingerprint(token: &str) -> String {
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(token.as_bytes());
+    let hex: String = digest[..4].iter().map(|b| format!("{b:02x}")).collect();
+    format!("token-{hex}")
+}
+
 fn parse_tokens(text: &str) -> Result<Vec<ApiToken>, ConfigError> {
     text.split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(|entry| {
-            let (token, scope) = entry.rsplit_once(':').ok_or_else(|| {
-                ConfigError("api_tokens: each entry is TOKEN:scope (read, book or admin)".into())
+            let (named, scope) = entry.rsplit_once(':').ok_or_else(|| {
+                ConfigError(
+                    "api_tokens: each entry is [name@]TOKEN:scope (read, book or admin)".into(),
+                )
             })?;
+            let (name, token) = match named.split_once('@') {
+                Some((name, token)) if !name.is_empty() => (name.to_string(), token),
+                _ => (token_fingerprint(named), named),
+            };
             if token.is_empty() {
                 return Err(ConfigError("api_tokens: empty token".into()));
             }
             Ok(ApiToken {
+                name,
                 token: token.to_string(),
                 scope: Scope::parse(scope)?,
             })
@@ -615,6 +790,11 @@ pub fn parse_allowed_hosts(text: &str) -> Result<Vec<AllowedHost>, ConfigError> 
             if entry == "*" {
                 return Ok(AllowedHost::AnyPublic);
             }
+            if entry.contains("://") || entry.contains('/') {
+                return Err(ConfigError(format!(
+                    "allowed_hosts: `{entry}` has a scheme or a path; give host or host:port only (e.g. 127.0.0.1:18399)"
+                )));
+            }
             let (host, port) = split_host_port(entry).ok_or_else(|| {
                 ConfigError(format!("allowed_hosts: `{entry}` is not host or host:port"))
             })?;
@@ -626,24 +806,35 @@ pub fn parse_allowed_hosts(text: &str) -> Result<Vec<AllowedHost>, ConfigError> 
         .collect()
 }
 
-/// Splits `host`, `host:port`, `[v6]` or `[v6]:port`.
+/// Splits `host`, `host:port`, `[v6]` or `[v6]:port`; None unless the host is a DNS
+/// name or an IP address and the port is 1 to 65535.
 pub fn split_host_port(entry: &str) -> Option<(String, Option<u16>)> {
+    let port = |p: &str| p.parse::<u16>().ok().filter(|p| *p > 0);
     if let Some(rest) = entry.strip_prefix('[') {
         let (host, after) = rest.split_once(']')?;
+        host.parse::<std::net::Ipv6Addr>().ok()?;
         let port = match after.strip_prefix(':') {
-            Some(p) => Some(p.parse().ok()?),
+            Some(p) => Some(port(p)?),
             None if after.is_empty() => None,
             None => return None,
         };
         return Some((host.to_string(), port));
     }
-    match entry.rsplit_once(':') {
-        Some((host, port)) if !host.contains(':') => {
-            Some((host.to_string(), Some(port.parse().ok()?)))
+    let (host, port) = match entry.rsplit_once(':') {
+        Some((host, p)) if !host.contains(':') => (host, Some(port(p)?)),
+        Some(_) => {
+            // A bare IPv6 address.
+            entry.parse::<std::net::Ipv6Addr>().ok()?;
+            return Some((entry.to_string(), None));
         }
-        Some(_) => Some((entry.to_string(), None)), // a bare IPv6 address
-        None => Some((entry.to_string(), None)),
-    }
+        None => (entry, None),
+    };
+    let dns_name = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_'));
+    dns_name.then(|| (host.to_string(), port))
 }
 
 fn default_host_id() -> String {
@@ -682,6 +873,56 @@ mod tests {
     }
 
     #[test]
+    fn memory_sizes_are_read_as_redis_reads_them() {
+        assert_eq!(parse_memory_size("512MB").unwrap(), "512mb");
+        assert_eq!(parse_memory_size(" 1048576 ").unwrap(), "1048576");
+        assert_eq!(parse_memory_size("4g").unwrap(), "4g");
+        for bad in [
+            "",
+            "mb",
+            "0",
+            "-5mb",
+            "1.5gb",
+            "12tb",
+            "1 gb",
+            "99999999999999999999",
+        ] {
+            assert!(parse_memory_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn history_may_be_bounded_by_a_count_of_one_or_more() {
+        assert_eq!(Config::default().history_max_lives, None);
+        let with = |text: &str| {
+            Config::resolve(&ServeArgs {
+                history_max_lives: Some(text.into()),
+                ..ServeArgs::default()
+            })
+        };
+        assert_eq!(with("1000").unwrap().history_max_lives, Some(1000));
+        for bad in ["0", "-1", "many", "1.5"] {
+            assert!(with(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durability_is_everysec_unless_always_is_asked() {
+        assert_eq!(Config::default().durability, "everysec");
+        assert!(!Config::default().allow_eviction);
+        let args = ServeArgs {
+            durability: Some("always".into()),
+            ..ServeArgs::default()
+        };
+        assert_eq!(Config::resolve(&args).unwrap().durability, "always");
+        let args = ServeArgs {
+            durability: Some("never".into()),
+            ..ServeArgs::default()
+        };
+        assert!(Config::resolve(&args).is_err());
+    }
+
+    #[test]
     fn defaults_match_the_spec() {
         let c = Config::default();
         assert_eq!(c.booking_plan_watch_interval, Duration::from_secs(10));
@@ -693,7 +934,7 @@ mod tests {
         assert_eq!(c.death_retry_interval, Duration::from_secs(60));
         assert_eq!(c.history_retention, Duration::from_secs(86_400));
         assert_eq!(c.timedout_queue_max_size, 256);
-        assert_eq!(c.execution_retry_codes, vec![500, 502, 503, 504, 599]);
+        assert_eq!(c.execution_retry_codes, vec![429, 500, 502, 503, 504, 599]);
         assert_eq!(c.key_prefix, "kairos");
         assert_eq!(c.timezone, chrono_tz::UTC);
         assert_eq!(c.listen.to_string(), "127.0.0.1:8080");
@@ -732,6 +973,16 @@ mod tests {
         assert_eq!(tokens.len(), 3);
         assert_eq!(tokens[2].scope, Scope::Admin);
         assert!(parse_tokens("x:root").is_err());
+        // A name before `@` is what the audit log shows; without one, a fingerprint.
+        let named = parse_tokens("ci@s3cr=t:book, s3cr=t:read").unwrap();
+        assert_eq!(
+            (named[0].name.as_str(), named[0].token.as_str()),
+            ("ci", "s3cr=t")
+        );
+        assert!(named[1].name.starts_with("token-") && named[1].name.len() == 14);
+        assert!(!named[1].name.contains("s3cr"));
+        assert_eq!(named[1].token, "s3cr=t");
+        assert!(parse_tokens("ci@:book").is_err());
         let hosts = parse_allowed_hosts("*,example.com:8443,Localhost,[::1]:80").unwrap();
         assert_eq!(hosts[0], AllowedHost::AnyPublic);
         assert_eq!(

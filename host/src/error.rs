@@ -1,13 +1,11 @@
-//! The one error type that crosses the API boundary.
+//! The one error type that crosses the API boundary (its HTTP response is made in
+//! `api/`).
 //!
 //! Every refusal carries the HTTP status and the snake_case `code` of SPEC section 2, so
 //! that the booking rules, the store and the API all speak the same error body:
 //! `{"error": {"code": "...", "message": "..."}}`.
 
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use serde_json::json;
+use http::StatusCode;
 
 /// A request that kairos refuses, or a failure it reports, with the spec's status and code.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -16,6 +14,10 @@ pub struct ApiError {
     pub status: StatusCode,
     pub code: &'static str,
     pub message: String,
+    /// `"unknown"` when a write may have been applied although it failed (Redis went away
+    /// after the request was sent): the body says so, so that a client looks before it
+    /// books again.
+    pub stored: Option<&'static str>,
 }
 
 impl ApiError {
@@ -24,12 +26,22 @@ impl ApiError {
             status,
             code,
             message: message.into(),
+            stored: None,
         }
     }
 
     /// 400: the body is not of the right shape, a time does not parse, a field is missing.
     pub fn bad_request(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::BAD_REQUEST, code, message)
+    }
+
+    /// The spec's error body: `{"error": {"code", "message"}}`, plus `stored` when set.
+    pub fn body(&self) -> serde_json::Value {
+        let mut body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
+        if let Some(stored) = self.stored {
+            body["error"]["stored"] = serde_json::json!(stored);
+        }
+        body
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -46,20 +58,69 @@ impl ApiError {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,
             "storage_unavailable",
-            format!("Redis is not answering ({err}); nothing was changed, try again"),
+            format!("Redis is not answering ({err}); try again"),
         )
     }
+
+    /// 503 for a write that failed on the way: when the request may have reached Redis
+    /// before it went away, the write may have been applied, and the body says
+    /// `"stored": "unknown"`. Retrying a booking with the same `Idempotency-Key` or the
+    /// same `life_uuid` is safe (a second booking of one id is refused with 409).
+    pub fn write_unknown(err: redis::RedisError) -> Self {
+        if let Some(full) = out_of_memory(&err) {
+            return full;
+        }
+        let lost_on_the_way = err.is_io_error() || err.is_connection_dropped() || err.is_timeout();
+        if !lost_on_the_way || err.is_connection_refusal() {
+            // Refused before it was sent, or answered with an error: a script checks
+            // everything before it writes, so nothing was stored.
+            return Self::unavailable(&err);
+        }
+        tracing::warn!(error = %err, "storage failed during a write; it may have been applied");
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "storage_unavailable",
+            format!("Redis went away during this write ({err}); it may or may not have been stored: book again with the same Idempotency-Key (or the same life_uuid: a duplicate is refused with 409), or look it up first"),
+        );
+        e.stored = Some("unknown");
+        e
+    }
+}
+
+impl ApiError {
+    /// A write stored on the master that the replicas asked for did not confirm in
+    /// time: a failover now could lose it.
+    pub fn unconfirmed(message: impl Into<String>) -> Self {
+        let mut e = Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "replicas_unconfirmed",
+            message,
+        );
+        e.stored = Some("unknown");
+        e
+    }
+}
+
+impl ApiError {
+    /// 507: Redis is nearly full (kairos's own limit below `maxmemory`) or refused the
+    /// write for want of memory; nothing was stored.
+    pub fn storage_full(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INSUFFICIENT_STORAGE, "storage_full", message)
+    }
+}
+
+/// Redis's own refusal of a write when it has reached `maxmemory` (noeviction).
+fn out_of_memory(err: &redis::RedisError) -> Option<ApiError> {
+    (err.code() == Some("OOM")).then(|| {
+        tracing::warn!(error = %err, "Redis refused a write: it has reached maxmemory");
+        ApiError::storage_full(
+            "Redis refused the write: it has reached maxmemory; nothing was stored",
+        )
+    })
 }
 
 impl From<redis::RedisError> for ApiError {
     fn from(err: redis::RedisError) -> Self {
-        ApiError::unavailable(err)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = json!({"error": {"code": self.code, "message": self.message}});
-        (self.status, Json(body)).into_response()
+        out_of_memory(&err).unwrap_or_else(|| ApiError::unavailable(err))
     }
 }

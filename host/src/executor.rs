@@ -7,6 +7,7 @@
 //! for good but is retried every `death_retry_interval`, so that a resource is never left
 //! activated silently.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,16 +15,33 @@ use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::actions::webhook::{CallContext, CallResult, STATUS_CONNECT_ERROR};
-use crate::model::{Action, PlanKind};
-use crate::plugins::routes::MAX_PLUGIN_TIMEOUT;
+use crate::model::{Action, PlanKind, DEFAULT_TIMER_RETRIES};
 use crate::plugins::{Invocation, InvokeContext};
 use crate::scheduler::Engine;
-use crate::store::{Claimed, FinishedRun, Owner, RunOutcome, RunRecord, StartOutcome};
+use crate::store::{Callback, Claimed, FinishedRun, Owner, RunOutcome, RunRecord, StartOutcome};
 
 /// Pause before a Plan whose resource is busy tries again.
 const RESOURCE_BUSY_RETRY_MS: i64 = 50;
 /// Pause before a Plan whose start could not reach Redis tries again.
 const STORE_ERROR_RETRY_MS: i64 = 500;
+/// Pause before a Plan refused because this host's lease ran out tries again (the
+/// heartbeat renews the lease meanwhile).
+const LEASE_EXPIRED_RETRY_MS: i64 = 200;
+
+/// The longest wait a target's `Retry-After` may set for a Life's or a timer's next
+/// attempt (a queue task's is its queue's `max_backoff`): a target cannot park a Plan
+/// for days.
+pub const MAX_RETRY_AFTER_MS: u64 = 3_600_000;
+
+/// The wait before the next attempt of a retryable run: the target's `Retry-After` when
+/// it gave one (at most `cap_ms`), else `interval_ms`.
+pub fn retry_wait_ms(result: &CallResult, interval_ms: u64, cap_ms: u64) -> i64 {
+    result
+        .retry_after_ms
+        .map(|ms| ms.min(cap_ms))
+        .unwrap_or(interval_ms)
+        .min(i64::MAX as u64) as i64
+}
 
 /// What to do after a run, and the word recorded in history.
 pub fn decide(
@@ -41,18 +59,23 @@ pub fn decide(
     let retryable = result.retryable || result.status.is_some_and(|s| retry_codes.contains(&s));
     if let Some(action) = action {
         if retryable && attempts <= action.retry_count() {
+            let wait = retry_wait_ms(result, action.retry_interval_ms(), MAX_RETRY_AFTER_MS);
             return (
                 RunOutcome::Retry {
-                    next_ms: now_ms.saturating_add(action.retry_interval_ms() as i64),
+                    next_ms: now_ms.saturating_add(wait),
                 },
                 "retry",
             );
         }
     }
     if kind == PlanKind::Death {
+        let wait = match retryable {
+            true => retry_wait_ms(result, death_retry_interval_ms as u64, MAX_RETRY_AFTER_MS),
+            false => death_retry_interval_ms,
+        };
         return (
             RunOutcome::Retry {
-                next_ms: now_ms.saturating_add(death_retry_interval_ms),
+                next_ms: now_ms.saturating_add(wait),
             },
             "retry",
         );
@@ -60,7 +83,9 @@ pub fn decide(
     (RunOutcome::Failed, "failed")
 }
 
-/// A plugin invocation as the decision and the history see it.
+/// A plugin invocation as the decision and the history see it. A run stopped at its
+/// deadline counts as status 599, as a webhook that timed out does: one rule for both,
+/// retried when 599 is in `execution_retry_codes` (it is by default).
 fn plugin_result(spec: &str, invocation: Invocation) -> CallResult {
     match invocation.result {
         Ok(output) => CallResult {
@@ -71,6 +96,8 @@ fn plugin_result(spec: &str, invocation: Invocation) -> CallResult {
             ..Default::default()
         },
         Err(failure) => CallResult {
+            status: matches!(failure, crate::plugins::Failure::Timeout(_))
+                .then_some(STATUS_CONNECT_ERROR),
             error: Some(failure.message(spec)),
             retryable: failure.retryable(),
             logs: invocation.logs,
@@ -79,8 +106,6 @@ fn plugin_result(spec: &str, invocation: Invocation) -> CallResult {
     }
 }
 
-/// Retries of a failed timer run when the timer does not say.
-pub const DEFAULT_TIMER_RETRIES: u32 = 3;
 /// Pause between retries of a timer run whose action gives no `retry_interval`.
 const DEFAULT_TIMER_RETRY_INTERVAL_MS: u64 = 1000;
 
@@ -106,7 +131,7 @@ pub fn decide_timer(
         };
         return (
             RunOutcome::Retry {
-                next_ms: now_ms.saturating_add(interval as i64),
+                next_ms: now_ms.saturating_add(retry_wait_ms(result, interval, MAX_RETRY_AFTER_MS)),
             },
             "retry",
         );
@@ -139,6 +164,9 @@ pub(crate) async fn bounded(
 pub(crate) const START_BATCH: usize = 256;
 /// Most runs one `finish_run` call records.
 const FINISH_BATCH: usize = 256;
+/// Least time recording an outcome is retried while Redis is away (a restart of Redis
+/// takes seconds).
+const RECORD_PATIENCE: Duration = Duration::from_secs(30);
 
 /// A run waiting for its outcome to be written.
 pub(crate) struct Finished {
@@ -154,6 +182,34 @@ impl Engine {
         batch: Vec<(Claimed, OwnedSemaphorePermit)>,
         finished: &mpsc::UnboundedSender<Finished>,
     ) {
+        // One start_run call per shard (a script touches one shard), all at once.
+        let mut groups: BTreeMap<u32, Vec<(Claimed, OwnedSemaphorePermit)>> = BTreeMap::new();
+        for (plan, slot) in batch {
+            groups.entry(plan.shard).or_default().push((plan, slot));
+        }
+        let starts = groups.into_iter().filter_map(|(shard, group)| {
+            match self.shards.active_gen(shard) {
+                Some(gen) => Some(self.start_group(shard, gen, group, finished)),
+                None => {
+                    // The shard is being given up or is another host's now: nothing of
+                    // it starts here (its Plans go back with the shard).
+                    for (plan, _) in group {
+                        self.forget(&plan);
+                    }
+                    None
+                }
+            }
+        });
+        futures_util::future::join_all(starts).await;
+    }
+
+    async fn start_group(
+        self: &Arc<Self>,
+        shard: u32,
+        gen: u64,
+        batch: Vec<(Claimed, OwnedSemaphorePermit)>,
+        finished: &mpsc::UnboundedSender<Finished>,
+    ) {
         let now_ms = self.clock.now_ms();
         let actions: Vec<Result<Action, String>> = batch
             .iter()
@@ -162,42 +218,25 @@ impl Engine {
                     .map_err(|e| format!("the stored action is unreadable: {e}"))
             })
             .collect();
-        let requests: Vec<(&Claimed, u64)> = batch
-            .iter()
-            .zip(&actions)
-            .map(|((plan, _), action)| {
-                let request_timeout = match action {
-                    Ok(Action::Webhook(w)) => w.request_timeout_ms.map(Duration::from_millis),
-                    // A plugin's own timeout is only known once it is resolved; the
-                    // lock covers the longest a plugin may be given.
-                    Ok(Action::Plugin(p)) => Some(
-                        p.timeout_ms
-                            .map(Duration::from_millis)
-                            .unwrap_or(MAX_PLUGIN_TIMEOUT),
-                    ),
-                    Err(_) => None,
-                }
-                .unwrap_or(self.config.request_timeout);
-                // Validation bounds action timeouts to a day; the clamp keeps the lock's
-                // expiry a valid PX for Redis whatever is stored.
-                let lock_ttl_ms = (self.config.lease_ttl + request_timeout)
-                    .as_millis()
-                    .min(2 * 86_400_000) as u64;
-                (plan, lock_ttl_ms)
-            })
-            .collect();
+        let requests: Vec<&Claimed> = batch.iter().map(|(plan, _)| plan).collect();
+        // The lease the runs start under: a run is not called once it has lapsed.
+        let lease = self.lease_token();
         let outcomes = self
             .store
             .start_runs(
+                shard,
                 &self.host_id,
+                gen,
                 &requests,
-                now_ms,
                 self.config.birth_delay_limit_time.as_millis() as i64,
             )
             .await;
         let outcomes = match outcomes {
             Ok(o) if o.len() == batch.len() => o,
             other => {
+                // The call may have applied with its reply lost: start_run answers a
+                // retry for a Plan it already started as it did the first time, so
+                // trying again is safe.
                 if let Err(e) = other {
                     tracing::warn!(error = %e, plans = batch.len(), "cannot start runs; trying again");
                 }
@@ -211,14 +250,22 @@ impl Engine {
         for (((plan, slot), action), outcome) in batch.into_iter().zip(actions).zip(outcomes) {
             match outcome {
                 StartOutcome::Run { attempts } => {
+                    self.mark_running(&plan);
                     let engine = self.clone();
                     let finished = finished.clone();
                     self.running.fetch_add(1, Ordering::AcqRel);
-                    self.in_flight
-                        .lock()
-                        .expect("in-flight lock")
-                        .insert(plan.plan_id.clone());
                     tokio::spawn(async move {
+                        if !engine.lease_intact(lease) {
+                            // Frozen or cut off from Redis past its lease between the
+                            // start and now: another host may run this Plan already. No
+                            // call; the Plan is left to whoever holds it (this host's
+                            // audit hands it back if nobody took it over).
+                            tracing::warn!(plan = %plan.plan_id, "this host's lease lapsed between the start of a run and its call; not calling");
+                            drop(slot);
+                            engine.running.fetch_sub(1, Ordering::AcqRel);
+                            engine.forget(&plan);
+                            return;
+                        }
                         let run = engine.run_one(plan, action, attempts).await;
                         drop(slot);
                         // The finisher outlives every run (it ends when the last sender
@@ -227,16 +274,26 @@ impl Engine {
                     });
                 }
                 StartOutcome::Busy => self.schedule(plan, now_ms + RESOURCE_BUSY_RETRY_MS),
-                StartOutcome::Wait { retry_in_ms } => self.schedule(plan, now_ms + retry_in_ms),
+                StartOutcome::Expired => {
+                    // Renew the lease (the shard keeper does it now), then try again: if
+                    // the shard was taken over meanwhile, the fence says so.
+                    self.lease_lost();
+                    self.schedule(plan, now_ms + LEASE_EXPIRED_RETRY_MS);
+                }
                 StartOutcome::Invalidated => {
                     self.metrics
                         .record_run(PlanKind::Birth, "invalidated", None);
-                    self.forget()
+                    self.forget(&plan)
                 }
-                StartOutcome::Lost => self.forget(),
+                StartOutcome::Dropped => {
+                    self.metrics.record_task_run("expired");
+                    self.forget(&plan)
+                }
+                StartOutcome::Lost => self.forget(&plan),
                 StartOutcome::Deferred => {
-                    // Back in due_tasks for later: the claimer's sleep must account for it.
-                    self.forget();
+                    // Waiting in Redis (its queue's waiting set or due_tasks): the
+                    // claimer's sleep must account for it.
+                    self.forget(&plan);
                     deferred = true;
                 }
             }
@@ -286,6 +343,12 @@ impl Engine {
             _ => PlanKind::Birth,
         };
         let started_at_ms = self.clock.now_ms();
+        if let (Some(Owner::Timer(_)), Some(limit)) = (owner, plan.opts.skip_if_late_ms) {
+            let late_ms = started_at_ms - plan.fire_at_ms;
+            if attempts == 1 && late_ms > limit as i64 {
+                return self.skip_late_timer_run(plan, attempts, started_at_ms, late_ms, limit);
+            }
+        }
         let result = match &action {
             Ok(Action::Webhook(webhook)) => {
                 let ctx = CallContext {
@@ -358,8 +421,16 @@ impl Engine {
                 .metrics
                 .record_run(kind, word, Some(started_at_ms - plan.fire_at_ms)),
         }
-        if result.error.is_some() {
-            tracing::info!(plan = %plan.plan_id, attempts, outcome = word, error = ?result.error, "run did not succeed");
+        if let Some(error) = &result.error {
+            // A failure for good (no retry left, or not retryable) is an operator's
+            // business; one that will be retried, or a queue task whose retry block the
+            // finisher applies, is routine.
+            let final_failure = word == "failed" && !matches!(owner, Some(Owner::Task { .. }));
+            if final_failure {
+                tracing::warn!(plan = %plan.plan_id, attempts, status = result.status, %error, "run failed for good");
+            } else {
+                tracing::info!(plan = %plan.plan_id, attempts, outcome = word, status = result.status, %error, "run did not succeed");
+            }
         }
         let record = RunRecord {
             should_run_at_ms: plan.fire_at_ms,
@@ -371,12 +442,89 @@ impl Engine {
             output: result.output,
             logs: result.logs,
             attempt: attempts,
+            // What the next attempt's time came from; a task's is applied by the
+            // finisher, under its queue's retry block.
+            retry_after_ms: result
+                .retry_after_ms
+                .filter(|_| word == "retry" || matches!(owner, Some(Owner::Task { .. }))),
         };
         FinishedRun {
             plan,
             outcome,
             record,
+            callback: None,
         }
+    }
+
+    /// A timer slot whose run could not start within its `starting_deadline` (or, for
+    /// `fire_all`, its catch-up window): not run, logged as skipped; the finisher goes
+    /// on to the next slot.
+    fn skip_late_timer_run(
+        &self,
+        plan: Claimed,
+        attempts: u32,
+        started_at_ms: i64,
+        late_ms: i64,
+        limit_ms: u64,
+    ) -> FinishedRun {
+        tracing::info!(plan = %plan.plan_id, late_ms, limit_ms, "timer slot too late to start; skipped");
+        self.metrics.record_timer_run("skipped", late_ms);
+        let record = RunRecord {
+            should_run_at_ms: plan.fire_at_ms,
+            started_at_ms,
+            duration_ms: 0,
+            outcome: "skipped",
+            status: None,
+            error: Some(format!(
+                "not run: it could start only {late_ms} ms after its slot, more than its starting deadline ({limit_ms} ms)"
+            )),
+            output: None,
+            logs: Vec::new(),
+            attempt: attempts,
+            retry_after_ms: None,
+        };
+        FinishedRun {
+            plan,
+            outcome: RunOutcome::Done,
+            record,
+            callback: None,
+        }
+    }
+
+    /// Gives a run that finished its Plan for good the callback its action has for the
+    /// outcome (`on_success` or `on_failure`), if any, to be booked with the outcome:
+    /// a fresh Life id in the Plan's shard (drawn once, so that a finish written again
+    /// books nothing twice) and the callback action carrying the outcome.
+    pub(crate) fn attach_callback(&self, run: &mut FinishedRun) {
+        let success = match run.outcome {
+            RunOutcome::Done => true,
+            RunOutcome::Failed => false,
+            RunOutcome::Retry { .. } => return,
+        };
+        // Most actions have no callback: spare them the parse.
+        if run.record.outcome == "skipped" || !run.plan.action.contains("\"on_") {
+            return;
+        }
+        let Ok(action) = serde_json::from_str::<Action>(&run.plan.action) else {
+            return;
+        };
+        let callbacks = action.callbacks();
+        let Some(callback) = (if success {
+            &callbacks.on_success
+        } else {
+            &callbacks.on_failure
+        }) else {
+            return;
+        };
+        let outcome = callback_outcome(run, success);
+        run.callback = Some(Callback {
+            life_uuid: crate::bookings::request::new_life_uuid_in(
+                self.store.placement(),
+                run.plan.shard,
+            ),
+            action_json: serde_json::to_string(&callback.with_outcome(outcome))
+                .expect("actions serialize"),
+        });
     }
 
     /// Records finished runs in batches: whatever arrived while the previous batch was
@@ -391,14 +539,9 @@ impl Engine {
                 }
             }
             self.record_batch(&batch).await;
-            let mut in_flight = self.in_flight.lock().expect("in-flight lock");
             for finished in &batch {
-                in_flight.remove(&finished.run.plan.plan_id);
-            }
-            drop(in_flight);
-            for _ in &batch {
                 self.running.fetch_sub(1, Ordering::AcqRel);
-                self.forget();
+                self.forget(&finished.run.plan);
             }
         }
     }
@@ -407,35 +550,53 @@ impl Engine {
     /// then another host's supervisor may have taken the Plans over, and they run again
     /// (at-least-once).
     async fn record_batch(&self, batch: &[Finished]) {
-        let mut lives = Vec::new();
-        let mut tasks = Vec::new();
+        // One finish call per shard and kind (a script touches one shard).
+        let mut lives: BTreeMap<u32, Vec<FinishedRun>> = BTreeMap::new();
+        let mut tasks: BTreeMap<u32, Vec<FinishedRun>> = BTreeMap::new();
         let mut timers = Vec::new();
         for f in batch {
             match f.run.plan.owner() {
-                Some(Owner::Task { .. }) => tasks.push(f.run.clone()),
+                Some(Owner::Task { .. }) => tasks
+                    .entry(f.run.plan.shard)
+                    .or_default()
+                    .push(f.run.clone()),
                 Some(Owner::Timer(_)) => timers.push(f.run.clone()),
-                _ => lives.push(f.run.clone()),
+                _ => lives
+                    .entry(f.run.plan.shard)
+                    .or_default()
+                    .push(f.run.clone()),
             }
         }
-        if !lives.is_empty() {
-            self.record_lives(lives).await;
-        }
-        if !tasks.is_empty() {
-            self.record_tasks(tasks).await;
-        }
-        for run in timers {
-            self.record_timer(run).await;
-        }
+        let lives = lives
+            .into_iter()
+            .map(|(shard, runs)| self.record_lives(shard, runs));
+        let tasks = tasks
+            .into_iter()
+            .map(|(shard, runs)| self.record_tasks(shard, runs));
+        let timers = timers.into_iter().map(|run| self.record_timer(run));
+        futures_util::future::join3(
+            futures_util::future::join_all(lives),
+            futures_util::future::join_all(tasks),
+            futures_util::future::join_all(timers),
+        )
+        .await;
     }
 
-    /// Calls `write` until it succeeds, retrying while Redis is away, for at most the
-    /// lease time (after which another host may have taken the Plans over).
+    /// How long recording an outcome is retried while Redis is away. The finish scripts
+    /// are idempotent per (host, claim) and fenced, so a late write is never wrong: at
+    /// worst it finds the Plan taken over and records only the run.
+    pub(crate) fn record_patience(&self) -> Duration {
+        self.config.lease_ttl.max(RECORD_PATIENCE)
+    }
+
+    /// Calls `write` until it succeeds, retrying while Redis is away, for at most
+    /// `record_patience`.
     pub(crate) async fn retry_store<T, F, Fut>(&self, what: &str, mut write: F) -> Option<T>
     where
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = redis::RedisResult<T>>,
     {
-        let give_up = tokio::time::Instant::now() + self.config.lease_ttl;
+        let give_up = tokio::time::Instant::now() + self.record_patience();
         let mut pause = Duration::from_millis(50);
         loop {
             match write().await {
@@ -453,14 +614,17 @@ impl Engine {
         }
     }
 
-    async fn record_lives(&self, runs: Vec<FinishedRun>) {
-        let give_up = tokio::time::Instant::now() + self.config.lease_ttl;
+    async fn record_lives(&self, shard: u32, mut runs: Vec<FinishedRun>) {
+        for run in &mut runs {
+            self.attach_callback(run);
+        }
+        let give_up = tokio::time::Instant::now() + self.record_patience();
         let mut pause = Duration::from_millis(50);
         loop {
             let now_ms = self.clock.now_ms();
             match self
                 .store
-                .finish_runs(&self.host_id, &runs, now_ms, self.notify_before_ms())
+                .finish_runs(shard, &self.host_id, &runs, now_ms, self.notify_before_ms())
                 .await
             {
                 Ok(held) => {
@@ -485,6 +649,42 @@ impl Engine {
     }
 }
 
+/// What a callback receives (as its body or input): whose Plan finished, how, after how
+/// many attempts, with the last run's status, error, duration and output.
+fn callback_outcome(run: &FinishedRun, success: bool) -> serde_json::Value {
+    let r = &run.record;
+    let mut v = serde_json::json!({
+        "callback_of": run.plan.plan_id,
+        "outcome": if success { "success" } else { "failure" },
+        "attempts": r.attempt,
+        "status": r.status,
+        "error": r.error,
+        "duration_ms": r.duration_ms,
+        "should_run_at_ms": r.should_run_at_ms,
+        "finished_at_ms": r.started_at_ms + r.duration_ms as i64,
+    });
+    match run.plan.owner() {
+        Some(Owner::Life(uuid, kind)) => {
+            v["life_uuid"] = uuid.into();
+            v["plan"] = kind.as_str().into();
+        }
+        Some(Owner::Timer(name)) => {
+            v["timer"] = name.into();
+            v["plan"] = "timer".into();
+        }
+        Some(Owner::Task { queue, task }) => {
+            v["queue"] = queue.into();
+            v["task"] = task.into();
+            v["plan"] = "task".into();
+        }
+        None => {}
+    }
+    if let Some(output) = &r.output {
+        v["output"] = output.clone();
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -501,6 +701,7 @@ mod tests {
             request_timeout_ms: None,
             retry_count,
             retry_interval_ms: 1000,
+            callbacks: Default::default(),
         })
     }
 
@@ -513,6 +714,78 @@ mod tests {
     }
 
     const CODES: &[u16] = &[500, 502, 503, 504, 599];
+
+    #[test]
+    fn retry_after_sets_the_next_attempt_within_the_cap() {
+        let a = action(2);
+        let asked = |code: u16, ms: u64| CallResult {
+            retry_after_ms: Some(ms),
+            ..status(code)
+        };
+        let d = |r: &CallResult, k: PlanKind| decide(r, 1, Some(&a), k, CODES, 60_000, 0).0;
+        assert_eq!(
+            d(&asked(503, 5_000), PlanKind::Birth),
+            RunOutcome::Retry { next_ms: 5_000 }
+        );
+        assert_eq!(
+            d(&asked(503, 0), PlanKind::Birth),
+            RunOutcome::Retry { next_ms: 0 }
+        );
+        assert_eq!(
+            d(&asked(503, u64::MAX), PlanKind::Birth),
+            RunOutcome::Retry {
+                next_ms: MAX_RETRY_AFTER_MS as i64
+            }
+        );
+        // Not a retry code: the birth fails; a death keeps its own interval.
+        assert_eq!(d(&asked(404, 5_000), PlanKind::Birth), RunOutcome::Failed);
+        assert_eq!(
+            d(&asked(404, 5_000), PlanKind::Death),
+            RunOutcome::Retry { next_ms: 60_000 }
+        );
+        assert_eq!(
+            d(&asked(503, 5_000), PlanKind::Death),
+            RunOutcome::Retry { next_ms: 5_000 }
+        );
+        assert_eq!(
+            decide_timer(&asked(503, 7_000), 1, 3, 0, CODES, 0).0,
+            RunOutcome::Retry { next_ms: 7_000 }
+        );
+    }
+
+    #[test]
+    fn retry_after_takes_seconds_or_an_http_date() {
+        use crate::actions::webhook::parse_retry_after;
+        use std::time::{Duration, UNIX_EPOCH};
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37 GMT
+        assert_eq!(parse_retry_after("120", now), Some(120_000));
+        assert_eq!(parse_retry_after(" 3 ", now), Some(3_000));
+        assert_eq!(
+            parse_retry_after("99999999999999999999", now),
+            Some(u64::MAX)
+        );
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:50:07 GMT", now),
+            Some(30_000)
+        );
+        // The obsolete forms RFC 9110 still asks recipients to read.
+        assert_eq!(
+            parse_retry_after("Sunday, 06-Nov-94 08:50:07 GMT", now),
+            Some(30_000)
+        );
+        assert_eq!(
+            parse_retry_after("Sun Nov  6 08:50:07 1994", now),
+            Some(30_000)
+        );
+        // A date already past: no wait.
+        assert_eq!(
+            parse_retry_after("Sun, 06 Nov 1994 08:00:00 GMT", now),
+            Some(0)
+        );
+        for bad in ["", "-1", "1.5", "soon"] {
+            assert_eq!(parse_retry_after(bad, now), None, "{bad}");
+        }
+    }
 
     #[test]
     fn retry_rules_of_the_spec() {

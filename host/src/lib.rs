@@ -5,11 +5,12 @@
 //! The components, in the order a booking meets them (see `docs/ARCHITECTURE.md`):
 //! - [`config`]: startup parameters from flags, `KAIROS_*` env vars and a TOML file.
 //! - [`api`]: the REST routes, bearer-token scopes and the error body ([`error`]).
-//! - [`booking`]: reading and validating a booking into a [`booking::NewLife`].
+//! - [`bookings`]: reading and validating a booking (`bookings::request`) into a
+//!   [`model::NewLife`], and booking as a service shared by the API and plugins'
+//!   follow-ups.
 //! - [`store`]: the Redis layout and the Lua scripts through which every change goes.
 //! - [`scheduler`]: claims due Plans into an in-memory timer and fires them.
 //! - [`executor`]: runs one fired Plan and records its outcome.
-//! - [`bookings`]: booking as a service shared by the API and plugins' follow-ups.
 //! - [`actions`]: what a Plan does: the built-in webhook.
 //! - [`plugins`]: WebAssembly action plugins: registry, sandboxed runtime, routes.
 //! - [`outbound`]: which targets actions may reach.
@@ -24,17 +25,19 @@
 
 pub mod actions;
 pub mod api;
-pub mod booking;
 pub mod bookings;
 pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod error;
 pub mod executor;
+pub mod http_server;
 pub mod managed_redis;
 pub mod metrics;
 pub mod model;
 pub mod outbound;
+#[cfg(test)]
+mod parser_fuzz;
 pub mod plugins;
 pub mod queues;
 pub mod schedule;

@@ -31,15 +31,112 @@ enum Command {
     /// Run a host: the REST API, the scheduler and the workers. Without --redis-url it
     /// starts a redis-server of its own under --data-dir.
     Serve(Box<ServeArgs>),
+    /// Bring a keyspace written by kairos before shards over to the sharded layout, in
+    /// place, on its standalone Redis (stop every host first; safe to run again if cut
+    /// off). See docs/operations.md.
+    Migrate(MigrateArgs),
+    /// Where an object's keys are in Redis: its shard and the prefix of its keys, to
+    /// read them with redis-cli (no server needed).
+    Where(WhereArgs),
+    /// Print a shell completion script: `kairos completions bash > /etc/bash_completion.d/kairos`,
+    /// `kairos completions zsh > "${fpath[1]}/_kairos"`, `kairos completions fish >
+    /// ~/.config/fish/completions/kairos.fish`.
+    Completions { shell: clap_complete::Shell },
     #[command(flatten)]
     Client(ClientCommand),
+}
+
+#[derive(clap::Args)]
+struct MigrateArgs {
+    /// The Redis holding the keyspace.
+    #[arg(long, env = "KAIROS_REDIS_URL")]
+    redis_url: String,
+    /// Prefix of the keyspace's keys.
+    #[arg(long, env = "KAIROS_KEY_PREFIX", default_value = "kairos")]
+    key_prefix: String,
+    /// Shards of the new layout (fixed from then on) [default: 32].
+    #[arg(long, env = "KAIROS_SHARDS")]
+    shards: Option<u32>,
+    /// Migrate even if hosts of the earlier version look alive.
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(clap::Args)]
+#[group(required = true, multiple = true)]
+struct WhereArgs {
+    /// Shards of the keyspace (see `HGET kairos:meta shards`).
+    #[arg(long, default_value_t = kairos::store::DEFAULT_SHARDS)]
+    shards: u32,
+    /// Prefix of the keyspace's keys.
+    #[arg(long, env = "KAIROS_KEY_PREFIX", default_value = "kairos")]
+    key_prefix: String,
+    /// A Life's id (with --resource when it was booked with one).
+    #[arg(long)]
+    life: Option<String>,
+    /// A resource id.
+    #[arg(long)]
+    resource: Option<String>,
+    /// A timer's name.
+    #[arg(long)]
+    timer: Option<String>,
+    /// A queue's name (its tasks are in the same shard).
+    #[arg(long)]
+    queue: Option<String>,
+}
+
+fn where_is(args: &WhereArgs) -> anyhow::Result<()> {
+    use kairos::store::{Placement, ShardKeys};
+    if !(1..=kairos::store::MAX_SHARDS).contains(&args.shards) {
+        anyhow::bail!("--shards must be 1 to {}", kairos::store::MAX_SHARDS);
+    }
+    let p = Placement {
+        shards: args.shards,
+    };
+    let line = |what: String, shard: u32| {
+        let keys = ShardKeys::new(&args.key_prefix, shard, args.shards);
+        println!("{what}: shard {shard}, keys under {}", keys.prefix);
+    };
+    match (&args.life, &args.resource) {
+        (Some(id), rid) => {
+            let shard = p.life(id, rid.as_deref());
+            line(format!("life {id}"), shard);
+            let home = p.home(id);
+            if home != shard {
+                let keys = ShardKeys::new(&args.key_prefix, home, args.shards);
+                println!("  found by id through {}", keys.pointer(id));
+            }
+        }
+        (None, Some(rid)) => line(format!("resource {rid}"), p.resource(rid)),
+        (None, None) => {}
+    }
+    if let Some(name) = &args.timer {
+        line(format!("timer {name}"), p.timer(name));
+    }
+    if let Some(name) = &args.queue {
+        line(format!("queue {name}"), p.queue(name));
+    }
+    Ok(())
+}
+
+/// A client command whose output is cut short (`kairos ls | head`) ends quietly, as
+/// Unix tools do, instead of panicking on the broken pipe. Only for client commands: the
+/// server keeps SIGPIPE ignored, so a closed socket is an error, not the end.
+fn exit_quietly_on_closed_stdout() {
+    // SAFETY: restores the default disposition of one signal before any other thread
+    // writes to stdout; no handler runs Rust code.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only on a terminal: a log written to a file or a pipe stays plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr);
     if format == "json" {
         builder.json().init();
@@ -57,6 +154,45 @@ async fn main() -> anyhow::Result<()> {
             let config = Config::resolve(&args)?;
             kairos::server::serve(config).await
         }
-        Command::Client(command) => kairos::cli::run(cli.target, command).await,
+        Command::Migrate(args) => {
+            let report = kairos::store::migrate::migrate(
+                &args.redis_url,
+                &args.key_prefix,
+                args.shards,
+                args.force,
+            )
+            .await
+            .map_err(anyhow::Error::msg)?;
+            if report.migrated {
+                println!(
+                    "migrated into {} shards: {} Lives, {} timers, {} queues with {} tasks, {} tombstones, {} plugin registry keys; {} Plans a stopped host still held went back to their due sets",
+                    report.shards,
+                    report.lives,
+                    report.timers,
+                    report.queues,
+                    report.tasks,
+                    report.tombstones,
+                    report.registry_keys,
+                    report.handed_back
+                );
+            } else {
+                println!(
+                    "the keyspace is in the sharded layout already ({} shards); nothing to do",
+                    report.shards
+                );
+            }
+            Ok(())
+        }
+        Command::Where(args) => where_is(&args),
+        Command::Completions { shell } => {
+            exit_quietly_on_closed_stdout();
+            use clap::CommandFactory;
+            clap_complete::generate(shell, &mut Cli::command(), "kairos", &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Client(command) => {
+            exit_quietly_on_closed_stdout();
+            kairos::cli::run(cli.target, command).await
+        }
     }
 }

@@ -19,7 +19,16 @@ const LATENESS_BUCKETS: [f64; 12] = [
 const PLANS: [&str; 4] = ["birth", "death", "timer", "task"];
 
 /// Outcomes a run is counted under (the words of the Plan's history).
-const OUTCOMES: [&str; 4] = ["success", "retry", "failed", "invalidated"];
+/// `expired`: a queue task dropped because its first attempt missed its `expire_after`.
+/// `skipped`: a timer slot not run because it could not start within its deadline.
+const OUTCOMES: [&str; 6] = [
+    "success",
+    "retry",
+    "failed",
+    "invalidated",
+    "expired",
+    "skipped",
+];
 
 /// The host's metrics.
 #[derive(Default)]
@@ -79,9 +88,9 @@ impl Metrics {
         }
     }
 
-    /// The exposition text; `gauges` are name, help and value of figures read at scrape
-    /// time.
-    pub fn render(&self, gauges: &[(&str, &str, i64)]) -> String {
+    /// The exposition text; `gauges` and `counters` are name, help and value of figures
+    /// read at scrape time.
+    pub fn render(&self, gauges: &[(&str, &str, f64)], counters: &[(&str, &str, u64)]) -> String {
         let mut out = String::new();
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let _ = writeln!(
@@ -151,6 +160,11 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE {name} gauge");
             let _ = writeln!(out, "{name} {value}");
         }
+        for (name, help, value) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {value}");
+        }
         out
     }
 }
@@ -168,7 +182,13 @@ mod tests {
         m.record_run(PlanKind::Birth, "invalidated", None);
         m.record_timer_run("failed", 2);
         m.record_task_run("retry");
-        let text = m.render(&[("kairos_due_plans", "Plans waiting.", 7)]);
+        let text = m.render(
+            &[
+                ("kairos_due_plans", "Plans waiting.", 7.0),
+                ("kairos_age_seconds", "An age.", 1.5),
+            ],
+            &[("kairos_things_total", "Things.", 3)],
+        );
         assert!(text.contains("kairos_runs_total{plan=\"birth\",outcome=\"success\"} 2\n"));
         assert!(text.contains("kairos_runs_total{plan=\"death\",outcome=\"retry\"} 1\n"));
         assert!(text.contains("kairos_runs_total{plan=\"birth\",outcome=\"invalidated\"} 1\n"));
@@ -180,5 +200,7 @@ mod tests {
         assert!(text.contains("kairos_fire_lateness_seconds_count 4\n"));
         assert!(text.contains("kairos_fire_lateness_seconds_sum 0.045\n"));
         assert!(text.contains("# TYPE kairos_due_plans gauge\nkairos_due_plans 7\n"));
+        assert!(text.contains("kairos_age_seconds 1.5\n"));
+        assert!(text.contains("# TYPE kairos_things_total counter\nkairos_things_total 3\n"));
     }
 }

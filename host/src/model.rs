@@ -10,6 +10,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::ApiError;
+
 macro_rules! string_enum {
     ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal),+ $(,)? }) => {
         $(#[$meta])*
@@ -119,6 +121,31 @@ pub enum Action {
 }
 
 impl Action {
+    /// The actions to run when this one's Plan finishes for good.
+    pub fn callbacks(&self) -> &Callbacks {
+        match self {
+            Action::Webhook(w) => &w.callbacks,
+            Action::Plugin(p) => &p.callbacks,
+        }
+    }
+
+    /// This action as a callback for `outcome`: the outcome is its body (a webhook) or
+    /// its input (a plugin).
+    pub fn with_outcome(&self, outcome: serde_json::Value) -> Action {
+        match self {
+            Action::Webhook(w) => Action::Webhook(WebhookAction {
+                body: Some(outcome),
+                callbacks: Callbacks::default(),
+                ..w.clone()
+            }),
+            Action::Plugin(p) => Action::Plugin(PluginAction {
+                input: outcome,
+                callbacks: Callbacks::default(),
+                ..p.clone()
+            }),
+        }
+    }
+
     /// How many times a failed run is retried before the Plan fails.
     pub fn retry_count(&self) -> u32 {
         match self {
@@ -157,6 +184,27 @@ pub struct WebhookAction {
     pub retry_count: u32,
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub retry_interval_ms: u64,
+    #[serde(flatten)]
+    pub callbacks: Callbacks,
+}
+
+/// Actions run once with the outcome when the Plan of the action that carries them
+/// finishes for good (QStash's callbacks): `on_success` after a success, `on_failure`
+/// after the last retry failed. A callback is booked as a point Life due at once, in the
+/// same write that records the outcome; its body (a webhook) or input (a plugin) is the
+/// outcome. A callback has no callbacks of its own.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Callbacks {
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub on_success: Option<Box<Action>>,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub on_failure: Option<Box<Action>>,
+}
+
+impl Callbacks {
+    pub fn is_empty(&self) -> bool {
+        self.on_success.is_none() && self.on_failure.is_none()
+    }
 }
 
 /// A plugin call (SPEC section 7).
@@ -172,6 +220,8 @@ pub struct PluginAction {
     pub retry_count: u32,
     #[serde(default, skip_serializing_if = "is_zero_u64")]
     pub retry_interval_ms: u64,
+    #[serde(flatten)]
+    pub callbacks: Callbacks,
 }
 
 /// How a timer's runs go (stored as the `opts` JSON of its Plan; Lives and queue tasks
@@ -189,6 +239,10 @@ pub struct RunOpts {
     /// Wall-clock bound of one run.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub timeout_ms: Option<u64>,
+    /// A timer's first attempt that would start more than this after its fire time is
+    /// not run but logged as skipped (its `starting_deadline`, or its catch-up window).
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub skip_if_late_ms: Option<u64>,
 }
 
 impl RunOpts {
@@ -204,6 +258,47 @@ fn is_zero_u32(n: &u32) -> bool {
 
 fn is_zero_u64(n: &u64) -> bool {
     *n == 0
+}
+
+/// A validated booking, ready for the store.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewLife {
+    pub life_uuid: String,
+    pub schedule_type: ScheduleType,
+    pub resource_id: Option<String>,
+    pub birth_at_ms: i64,
+    /// Set for term Lives only.
+    pub death_at_ms: Option<i64>,
+    pub birth_action: Action,
+    /// Set for term Lives only.
+    pub death_action: Option<Action>,
+}
+
+impl NewLife {
+    /// The last fire time: death for a term, birth for a point.
+    pub fn end_at_ms(&self) -> i64 {
+        self.death_at_ms.unwrap_or(self.birth_at_ms)
+    }
+}
+
+/// Retries of a failed timer run when the timer does not say.
+pub const DEFAULT_TIMER_RETRIES: u32 = 3;
+
+/// Names of timers, queues and tasks: they are part of Redis keys.
+pub fn check_name(what: &str, name: &str, max_len: usize) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= max_len
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            "invalid_name",
+            format!("{what} `{name}` must be 1 to {max_len} letters, digits, `-` or `_`"),
+        ))
+    }
 }
 
 #[cfg(test)]
@@ -243,6 +338,7 @@ mod tests {
             request_timeout_ms: None,
             retry_count: 0,
             retry_interval_ms: 0,
+            callbacks: Callbacks::default(),
         });
         let text = serde_json::to_string(&a).unwrap();
         assert_eq!(
@@ -257,6 +353,7 @@ mod tests {
             timeout_ms: None,
             retry_count: 3,
             retry_interval_ms: 0,
+            callbacks: Callbacks::default(),
         });
         let text = serde_json::to_string(&plugin).unwrap();
         assert_eq!(

@@ -1,14 +1,25 @@
 //! The outbound policy (SPEC section 7): which hosts an action may call.
 //!
-//! One policy for webhooks (and, later, plugins): the gateway is always allowed; an
-//! absolute `url` must match an `allowed_hosts` entry by name, or, when `*` is listed,
-//! resolve only to public addresses. Loopback, link-local, private, shared and
-//! unspecified ranges are refused unless the host is listed by name, so a booking cannot
-//! reach into the network kairos runs in.
+//! One policy for webhooks and plugins: the gateway is always allowed; an absolute `url`
+//! must match an `allowed_hosts` entry by name, or, when `*` is listed, resolve only to
+//! public addresses. Loopback, link-local, private, shared and unspecified ranges (and
+//! IPv6 forms that embed such an IPv4 address: mapped, compatible, NAT64, 6to4) are
+//! refused unless the host is listed by name, so a booking cannot reach into the network
+//! kairos runs in.
+//!
+//! The check runs twice: before a call, for a clear refusal in the Plan's history; and
+//! when the connection is made, by [`PolicyResolver`], on the very addresses the
+//! connection uses, so that a name that resolves to a public address at the check and to
+//! an internal one a moment later (DNS rebinding) is still refused.
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::future::Future;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 
-use axum::http::Uri;
+use http::Uri;
+use hyper_util::client::legacy::connect::dns::Name;
 
 use crate::config::AllowedHost;
 
@@ -38,7 +49,7 @@ pub fn is_internal(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => is_internal_v4(v4),
         IpAddr::V6(v6) => {
-            if let Some(v4) = v6.to_ipv4_mapped() {
+            if let Some(v4) = embedded_v4(v6) {
                 return is_internal_v4(v4);
             }
             let first = v6.segments()[0];
@@ -50,6 +61,34 @@ pub fn is_internal(ip: IpAddr) -> bool {
                 || v6 == Ipv6Addr::LOCALHOST
         }
     }
+}
+
+/// The IPv4 address an IPv6 address stands for, where it embeds one that a router or a
+/// translator would reach: IPv4-mapped `::ffff:a.b.c.d`, IPv4-compatible `::a.b.c.d`,
+/// NAT64 `64:ff9b::a.b.c.d` (RFC 6052) and its local-use `64:ff9b:1::/48` (RFC 8215),
+/// and 6to4 `2002:AABB:CCDD::/48` (RFC 3056).
+fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(v4);
+    }
+    let s = v6.segments();
+    let low = Ipv4Addr::new((s[6] >> 8) as u8, s[6] as u8, (s[7] >> 8) as u8, s[7] as u8);
+    // ::a.b.c.d, but not :: and ::1, which are unspecified and loopback themselves.
+    if s[..6] == [0; 6] && (s[6] != 0 || s[7] > 1) {
+        return Some(low);
+    }
+    if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] || (s[0] == 0x64 && s[1] == 0xff9b && s[2] == 1) {
+        return Some(low);
+    }
+    if s[0] == 0x2002 {
+        return Some(Ipv4Addr::new(
+            (s[1] >> 8) as u8,
+            s[1] as u8,
+            (s[2] >> 8) as u8,
+            s[2] as u8,
+        ));
+    }
+    None
 }
 
 fn is_internal_v4(v4: Ipv4Addr) -> bool {
@@ -85,6 +124,32 @@ impl OutboundPolicy {
         self.check_with(uri, true).await
     }
 
+    /// Whether connections to `host` may use any address it resolves to: it is the
+    /// gateway's host or listed by name (on any port; the port was checked before).
+    fn trusts_name(&self, host: &str) -> bool {
+        self.gateway.as_ref().is_some_and(|(h, _)| h == host)
+            || self.allowed.iter().any(|entry| match entry {
+                AllowedHost::Host { host: h, .. } => h == host,
+                AllowedHost::AnyPublic => false,
+            })
+    }
+
+    /// Refuses at booking what no DNS answer could ever allow: a URL whose host is a
+    /// literal address that is neither the gateway nor listed, and is internal (or is
+    /// anything at all when the host's list has no `*`). Names are checked when fired.
+    pub fn check_literal(&self, uri: &Uri) -> Result<(), String> {
+        let Some((host, _)) = host_port(uri) else {
+            return Err(format!("`{uri}` has no host"));
+        };
+        if host.parse::<IpAddr>().is_err() {
+            return Ok(());
+        }
+        match futures_util::FutureExt::now_or_never(self.check_with(uri, false)) {
+            Some(result) => result,
+            None => Ok(()),
+        }
+    }
+
     async fn check_with(&self, uri: &Uri, public_only: bool) -> Result<(), String> {
         let (host, port) = host_port(uri).ok_or_else(|| format!("`{uri}` has no host"))?;
         let gateway = self.gateway.as_ref() == Some(&(host.clone(), port));
@@ -97,7 +162,7 @@ impl OutboundPolicy {
         }
         if !gateway && !listed && !self.allowed.contains(&AllowedHost::AnyPublic) {
             return Err(format!(
-                "outbound policy: {host}:{port} is not on the allowlist (allowed_hosts)"
+                "outbound policy: {host}:{port} is not on the host's allowlist (--allowed-hosts of kairos serve)"
             ));
         }
         let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
@@ -110,13 +175,69 @@ impl OutboundPolicy {
         };
         if let Some(ip) = addrs.iter().find(|ip| is_internal(**ip)) {
             return Err(format!(
-                "outbound policy: {host} resolves to {ip}, a loopback, link-local or private address; list {host} in allowed_hosts to allow it"
+                "outbound policy: {host} resolves to {ip}, a loopback, link-local or private address; list {host} in the host's --allowed-hosts to allow it"
             ));
         }
         if addrs.is_empty() {
             return Err(format!("outbound policy: {host} has no address"));
         }
         Ok(())
+    }
+}
+
+/// Resolves names for outbound connections and keeps only the addresses the policy
+/// allows for that name, so the connection goes to an address that was checked (see the
+/// module docs). Literal addresses in URLs do not come here; [`OutboundPolicy::check`]
+/// has decided them already.
+#[derive(Clone)]
+pub struct PolicyResolver {
+    policy: Arc<OutboundPolicy>,
+    /// For a plugin whose own `allowed_hosts` grants the target only through `*`: public
+    /// addresses only, even for a name this host trusts.
+    public_only: bool,
+}
+
+impl PolicyResolver {
+    pub fn new(policy: Arc<OutboundPolicy>, public_only: bool) -> Self {
+        PolicyResolver {
+            policy,
+            public_only,
+        }
+    }
+}
+
+type Resolving =
+    Pin<Box<dyn Future<Output = std::io::Result<std::vec::IntoIter<SocketAddr>>> + Send>>;
+
+impl tower_service::Service<Name> for PolicyResolver {
+    type Response = std::vec::IntoIter<SocketAddr>;
+    type Error = std::io::Error;
+    type Future = Resolving;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, name: Name) -> Self::Future {
+        let policy = self.policy.clone();
+        let public_only = self.public_only;
+        Box::pin(async move {
+            let host = name.as_str().to_ascii_lowercase();
+            let addrs: Vec<SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            if public_only || !policy.trusts_name(&host) {
+                if let Some(bad) = addrs.iter().find(|a| is_internal(a.ip())) {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::PermissionDenied,
+                        format!(
+                            "outbound policy: {host} resolved to {}, a loopback, link-local or private address, when connecting",
+                            bad.ip()
+                        ),
+                    ));
+                }
+            }
+            Ok(addrs.into_iter())
+        })
     }
 }
 
@@ -151,7 +272,7 @@ mod tests {
             .check(&ok("http://127.0.0.1:9001/x"))
             .await
             .unwrap_err();
-        assert!(denied.contains("not on the allowlist"), "{denied}");
+        assert!(denied.contains("not on the host's allowlist"), "{denied}");
     }
 
     #[tokio::test]
@@ -168,6 +289,13 @@ mod tests {
             "http://[fd00::1]/",
             "http://100.64.0.1/",
             "http://localhost:8080/",
+            // IPv6 forms of internal IPv4 addresses: compatible, NAT64, 6to4.
+            "http://[::127.0.0.1]/",
+            "http://[::a00:1]/",
+            "http://[64:ff9b::7f00:1]/",
+            "http://[64:ff9b::a9fe:a9fe]/",
+            "http://[64:ff9b:1::c0a8:1]/",
+            "http://[2002:7f00:1::1]/",
         ] {
             let err = policy.check(&url.parse().unwrap()).await.unwrap_err();
             assert!(
@@ -179,6 +307,36 @@ mod tests {
             .check(&"http://93.184.215.14/".parse().unwrap())
             .await
             .is_ok());
+        assert!(
+            policy
+                .check(&"http://[64:ff9b::5db8:d70e]/".parse().unwrap())
+                .await
+                .is_ok(),
+            "NAT64 of a public address is public"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_resolver_refuses_a_name_that_resolves_inside() {
+        use tower_service::Service;
+        let policy = Arc::new(OutboundPolicy::new(vec![AllowedHost::AnyPublic], None));
+        let mut resolver = PolicyResolver::new(policy.clone(), false);
+        // `localhost` stands for a name that a rebinding DNS turned internal after the check.
+        let name: Name = "localhost".parse().unwrap();
+        let err = resolver.call(name).await.unwrap_err();
+        assert!(err.to_string().contains("when connecting"), "{err}");
+        // Listed by name, the same name connects (only when the caller is not public-only).
+        let policy = Arc::new(OutboundPolicy::new(vec![entry("localhost", None)], None));
+        let addrs: Vec<SocketAddr> = PolicyResolver::new(policy.clone(), false)
+            .call("localhost".parse().unwrap())
+            .await
+            .unwrap()
+            .collect();
+        assert!(!addrs.is_empty());
+        assert!(PolicyResolver::new(policy, true)
+            .call("localhost".parse().unwrap())
+            .await
+            .is_err());
     }
 
     #[tokio::test]
@@ -202,6 +360,6 @@ mod tests {
             .check_public(&uri("http://93.184.215.15/"))
             .await
             .unwrap_err();
-        assert!(err.contains("not on the allowlist"), "{err}");
+        assert!(err.contains("not on the host's allowlist"), "{err}");
     }
 }

@@ -1,5 +1,6 @@
-//! Queues (SPEC section 6): the `/queues` routes, the retry block with Cloud Tasks
-//! semantics, and how finished task runs are recorded.
+//! Queues (SPEC section 6): a queue's definition, the retry block with Cloud Tasks
+//! semantics, and how finished task runs are recorded. The routes are in
+//! `api/queues.rs`.
 //!
 //! A task is a Plan `{queue}/{task}:task` in the same `due` set as every other Plan; it
 //! is claimed, leased and fenced the same way. What makes it a queue's task is its
@@ -15,23 +16,14 @@
 //! from where `POST /queues/{q}/tasks/{task}/run` runs it again.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::api::{body_bytes, App};
 use crate::error::ApiError;
+use crate::model::check_name;
 use crate::scheduler::Engine;
-use crate::store::{self, FinishedRun, NewTask, Owner, RunOutcome};
-use crate::timers::check_name;
-
-type Shared = Arc<App>;
+use crate::store::{FinishedRun, Owner, RunOutcome};
 
 /// The queue that always exists.
 pub const DEFAULT_QUEUE: &str = "default";
@@ -39,32 +31,6 @@ pub const DEFAULT_QUEUE: &str = "default";
 pub const TASK_TOMBSTONE_MS: u64 = 3_600_000;
 /// Most tasks one `POST /queues/{name}/tasks` adds.
 pub const MAX_TASKS_PER_CALL: usize = 100;
-
-/// Whether `path` is a task route (`/queues/{q}/tasks...`), which needs the `book` scope.
-pub fn is_task_path(path: &str) -> bool {
-    let mut parts = path.trim_start_matches('/').split('/');
-    parts.next() == Some("queues") && parts.next().is_some() && parts.next() == Some("tasks")
-}
-
-/// The `/queues` routes.
-pub fn routes() -> Router<Shared> {
-    Router::new()
-        .route("/queues", get(list_queues))
-        .route(
-            "/queues/{name}",
-            get(show_queue).put(put_queue).delete(delete_queue),
-        )
-        .route("/queues/{name}/pause", post(pause_queue))
-        .route("/queues/{name}/resume", post(resume_queue))
-        .route("/queues/{name}/purge", post(purge_queue))
-        .route("/queues/{name}/tasks", get(list_tasks).post(add_tasks))
-        .route("/queues/{name}/failed", get(list_failed))
-        .route(
-            "/queues/{name}/tasks/{task}",
-            get(show_task).delete(delete_task),
-        )
-        .route("/queues/{name}/tasks/{task}/run", post(run_task))
-}
 
 /// A queue's retry block (Cloud Tasks' RetryConfig). A failed attempt is retried after
 /// `min_backoff`, doubling `max_doublings` times, then growing linearly by the last
@@ -150,6 +116,34 @@ pub struct QueueDef {
     /// 0 = no limit.
     pub max_concurrent: u32,
     pub retry: RetryPolicy,
+    /// `push` (tasks carry actions the hosts run) or `pull` (tasks carry payloads that
+    /// outside workers lease); fixed when the queue is created. None: as it is (push
+    /// for a new queue).
+    pub mode: Option<QueueMode>,
+}
+
+/// How a queue's tasks are worked (GAE task queues' push and pull modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QueueMode {
+    Push,
+    Pull,
+}
+
+impl QueueMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueMode::Push => "push",
+            QueueMode::Pull => "pull",
+        }
+    }
+
+    /// A queue hash's mode: push unless it says pull.
+    pub fn of(h: &HashMap<String, String>) -> QueueMode {
+        match h.get("mode").map(String::as_str) {
+            Some("pull") => QueueMode::Pull,
+            _ => QueueMode::Push,
+        }
+    }
 }
 
 impl Default for QueueDef {
@@ -159,12 +153,13 @@ impl Default for QueueDef {
             bucket_size: 100,
             max_concurrent: 1000,
             retry: RetryPolicy::default(),
+            mode: None,
         }
     }
 }
 
 impl QueueDef {
-    fn fields(&self) -> Vec<(String, String)> {
+    pub(crate) fn fields(&self) -> Vec<(String, String)> {
         let r = &self.retry;
         [
             ("rate", self.rate.to_string()),
@@ -177,11 +172,12 @@ impl QueueDef {
             ("retry_max_doublings", r.max_doublings.to_string()),
         ]
         .into_iter()
+        .chain(self.mode.map(|m| ("mode", m.as_str().to_string())))
         .map(|(k, v)| (k.to_string(), v))
         .collect()
     }
 
-    fn from_hash(h: &HashMap<String, String>) -> QueueDef {
+    pub(crate) fn from_hash(h: &HashMap<String, String>) -> QueueDef {
         let d = QueueDef::default();
         QueueDef {
             rate: h.get("rate").and_then(|v| v.parse().ok()).unwrap_or(d.rate),
@@ -194,11 +190,12 @@ impl QueueDef {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(d.max_concurrent),
             retry: RetryPolicy::from_hash(h),
+            mode: Some(QueueMode::of(h)),
         }
     }
 
     /// The default queue's fields as a JSON object, for `task_add.lua`.
-    fn defaults_json() -> String {
+    pub fn defaults_json() -> String {
         let map: serde_json::Map<String, Value> = QueueDef::default()
             .fields()
             .into_iter()
@@ -210,11 +207,12 @@ impl QueueDef {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct QueueBody {
+pub(crate) struct QueueBody {
     rate: Option<f64>,
     bucket_size: Option<u32>,
     max_concurrent: Option<u32>,
     retry: Option<RetryBody>,
+    mode: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -227,25 +225,61 @@ struct RetryBody {
     max_doublings: Option<u32>,
 }
 
-fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
+pub(crate) fn bad(code: &'static str, message: impl Into<String>) -> ApiError {
     ApiError::bad_request(code, message)
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     let value: Value = serde_json::from_slice(body)
         .map_err(|e| bad("invalid_json", format!("the body is not valid JSON: {e}")))?;
     serde_json::from_value(value)
-        .map_err(|e| bad("invalid_body", format!("the body does not fit: {e}")))
+        .map_err(|e| crate::bookings::request::body_error("the body", "invalid_body", e))
 }
 
-/// Seconds (a number) or a string such as `500ms`, in ms.
-fn duration_ms(field: &str, value: &Value) -> Result<u64, ApiError> {
-    crate::booking::parse_duration_value(field, value).map(|d| d.as_millis() as u64)
+/// Longest backoff and age limit of a retry block (30 days): more is a mistake, and a
+/// bound keeps every retry time in range.
+const MAX_RETRY_DURATION_MS: u64 = 30 * 86_400_000;
+/// Longest countdown of a task (ten years).
+const MAX_COUNTDOWN_MS: u64 = 3650 * 86_400_000;
+
+/// Seconds (a number) or a string such as `500ms`, in ms, at most `max_ms`.
+fn duration_ms(field: &str, value: &Value, max_ms: u64) -> Result<u64, ApiError> {
+    let d = crate::bookings::request::parse_duration_value(field, value)?;
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if ms > max_ms {
+        return Err(bad(
+            "invalid_duration",
+            format!("{field} must be at most {} s", max_ms / 1000),
+        ));
+    }
+    Ok(ms)
 }
 
 impl QueueBody {
-    fn into_def(self) -> Result<QueueDef, ApiError> {
-        let mut def = QueueDef::default();
+    pub(crate) fn into_def(self) -> Result<QueueDef, ApiError> {
+        let mode = match self.mode.as_deref() {
+            None => None,
+            Some("push") => Some(QueueMode::Push),
+            Some("pull") => Some(QueueMode::Pull),
+            Some(other) => {
+                return Err(bad(
+                    "invalid_queue",
+                    format!("mode `{other}` is not push or pull"),
+                ))
+            }
+        };
+        let mut def = QueueDef {
+            mode,
+            ..QueueDef::default()
+        };
+        if def.mode == Some(QueueMode::Pull)
+            && (self.rate.is_some() || self.bucket_size.is_some() || self.max_concurrent.is_some())
+        {
+            return Err(bad(
+                "invalid_queue",
+                "a pull queue has no rate, bucket_size or max_concurrent: its workers lease tasks at their own pace",
+            ));
+        }
         if let Some(rate) = self.rate {
             if !rate.is_finite() || rate < 0.0 {
                 return Err(bad(
@@ -277,13 +311,13 @@ impl QueueBody {
                 p.limit = l;
             }
             if let Some(v) = &r.age_limit {
-                p.age_limit_ms = duration_ms("retry.age_limit", v)?;
+                p.age_limit_ms = duration_ms("retry.age_limit", v, MAX_RETRY_DURATION_MS)?;
             }
             if let Some(v) = &r.min_backoff {
-                p.min_backoff_ms = duration_ms("retry.min_backoff", v)?;
+                p.min_backoff_ms = duration_ms("retry.min_backoff", v, MAX_RETRY_DURATION_MS)?;
             }
             if let Some(v) = &r.max_backoff {
-                p.max_backoff_ms = duration_ms("retry.max_backoff", v)?;
+                p.max_backoff_ms = duration_ms("retry.max_backoff", v, MAX_RETRY_DURATION_MS)?;
             }
             if let Some(d) = r.max_doublings {
                 if d > 30 {
@@ -305,401 +339,128 @@ impl QueueBody {
     }
 }
 
-fn not_found(name: &str) -> ApiError {
-    ApiError::not_found(format!("no queue `{name}`"))
-}
-
-/// Loads a queue; the default queue is created on first sight.
-async fn load_queue(app: &App, name: &str) -> Result<HashMap<String, String>, ApiError> {
-    check_name("queue name", name, 100)?;
-    if let Some(q) = app.store.queue_load(name).await? {
-        return Ok(q);
-    }
-    if name == DEFAULT_QUEUE {
-        app.store
-            .queue_put(name, &QueueDef::default().fields(), app.clock.now_ms())
-            .await?;
-        if let Some(q) = app.store.queue_load(name).await? {
-            return Ok(q);
-        }
-    }
-    Err(not_found(name))
-}
-
-async fn queue_json(app: &App, name: &str, q: &HashMap<String, String>) -> Result<Value, ApiError> {
-    let def = QueueDef::from_hash(q);
-    let counts = app.store.queue_counts(name).await?;
-    let secs = |ms: u64| ms as f64 / 1000.0;
-    Ok(json!({
-        "name": name,
-        "state": q.get("state").cloned().unwrap_or_else(|| "running".into()),
-        "rate": def.rate,
-        "bucket_size": def.bucket_size,
-        "max_concurrent": def.max_concurrent,
-        "retry": {
-            "limit": def.retry.limit,
-            "age_limit": secs(def.retry.age_limit_ms),
-            "min_backoff": secs(def.retry.min_backoff_ms),
-            "max_backoff": secs(def.retry.max_backoff_ms),
-            "max_doublings": def.retry.max_doublings,
-        },
-        "tasks": {"pending": counts.pending, "running": counts.running, "failed": counts.failed},
-        "created_at": q.get("created_at"),
-    }))
-}
-
-async fn put_queue(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
-    check_name("queue name", &name, 100)?;
-    let body = body_bytes(body, app.config.max_body_bytes)?;
-    let def = parse_json::<QueueBody>(&body)?.into_def()?;
-    let created = app
-        .store
-        .queue_put(&name, &def.fields(), app.clock.now_ms())
-        .await?;
-    tracing::info!(queue = %name, created, "queue defined");
-    let q = load_queue(&app, &name).await?;
-    Ok(Json(queue_json(&app, &name, &q).await?))
-}
-
-async fn show_queue(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    let q = load_queue(&app, &name).await?;
-    Ok(Json(queue_json(&app, &name, &q).await?))
-}
-
-async fn list_queues(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
-    load_queue(&app, DEFAULT_QUEUE).await?;
-    let mut items = Vec::new();
-    for name in app.store.queue_names().await? {
-        if let Some(q) = app.store.queue_load(&name).await? {
-            items.push(queue_json(&app, &name, &q).await?);
-        }
-    }
-    Ok(Json(json!({"items": items})))
-}
-
-async fn delete_queue(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    check_name("queue name", &name, 100)?;
-    if name == DEFAULT_QUEUE {
-        return Err(ApiError::conflict(
-            "default_queue",
-            "the default queue always exists; purge it instead",
-        ));
-    }
-    if app.store.queue_load(&name).await?.is_none() {
-        return Err(not_found(&name));
-    }
-    let (removed, left) = app
-        .store
-        .queue_purge(&name, true, app.clock.now_ms(), TASK_TOMBSTONE_MS)
-        .await?;
-    if left > 0 {
-        return Err(ApiError::conflict(
-            "tasks_running",
-            format!("{removed} tasks removed; {left} are running now: try again when they return"),
-        ));
-    }
-    Ok(Json(
-        json!({"name": name, "deleted": true, "tasks_removed": removed}),
-    ))
-}
-
-async fn set_state(app: &App, name: &str, state: &str) -> Result<Json<Value>, ApiError> {
-    load_queue(app, name).await?;
-    let found = if state == "running" {
-        let now_ms = app.clock.now_ms();
-        app.store
-            .queue_resume(name, app.notify_before_ms(now_ms))
-            .await?
-    } else {
-        app.store.queue_set_state(name, state).await?
-    };
-    if !found {
-        return Err(not_found(name));
-    }
-    tracing::info!(queue = %name, state, "queue state changed");
-    let q = load_queue(app, name).await?;
-    Ok(Json(queue_json(app, name, &q).await?))
-}
-
-async fn pause_queue(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    set_state(&app, &name, "paused").await
-}
-
-async fn resume_queue(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    set_state(&app, &name, "running").await
-}
-
-async fn purge_queue(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    load_queue(&app, &name).await?;
-    let (removed, left) = app
-        .store
-        .queue_purge(&name, false, app.clock.now_ms(), TASK_TOMBSTONE_MS)
-        .await?;
-    Ok(Json(
-        json!({"name": name, "tasks_removed": removed, "tasks_running": left}),
-    ))
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TaskBody {
     name: Option<String>,
     eta: Option<String>,
     countdown: Option<Value>,
-    action: Value,
+    expire_after: Option<Value>,
+    action: Option<Value>,
+    payload: Option<Value>,
+    tag: Option<String>,
 }
 
-async fn add_tasks(
-    State(app): State<Shared>,
-    Path(queue): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
-    check_name("queue name", &queue, 100)?;
-    let body = body_bytes(body, app.config.max_body_bytes)?;
-    let value: Value = serde_json::from_slice(&body)
-        .map_err(|e| bad("invalid_json", format!("the body is not valid JSON: {e}")))?;
-    let (list, single) = match value {
-        Value::Array(items) => (items, false),
-        Value::Object(mut o) if o.contains_key("tasks") => match o.remove("tasks") {
-            Some(Value::Array(items)) => (items, false),
-            _ => return Err(bad("invalid_body", "tasks must be a list")),
+/// The longest `expire_after` a task takes: a task that may start any time within a
+/// month needs no TTL.
+const MAX_EXPIRE_AFTER_MS: u64 = 30 * 86_400_000;
+
+/// One task of a `POST /queues/{q}/tasks` call, read but its action not yet checked.
+#[derive(Debug)]
+pub(crate) struct TaskRequest {
+    pub name: String,
+    pub eta_ms: i64,
+    /// The ETA plus `expire_after`: a first attempt not started by then never starts.
+    pub expires_at_ms: Option<i64>,
+    pub work: TaskWork,
+}
+
+/// What a task carries: an action for a push queue's hosts to run, or a payload (any
+/// JSON) and an optional tag for a pull queue's workers to lease.
+#[derive(Debug)]
+pub(crate) enum TaskWork {
+    Action(Value),
+    Payload { payload: Value, tag: Option<String> },
+}
+
+/// One task of `POST /queues/{q}/tasks`: its name (given or new), its ETA (from `eta` or
+/// `countdown`; a past one is now), when it expires (`expire_after` past its ETA, if
+/// given) and its action, not yet checked. A task given no name gets
+/// `fresh_name` (the one a call with an `Idempotency-Key` derives from the key, so that
+/// its repeats name the same task), else a random one.
+pub(crate) fn parse_task(
+    item: Value,
+    now_ms: i64,
+    tz: chrono_tz::Tz,
+    fresh_name: Option<String>,
+) -> Result<TaskRequest, ApiError> {
+    let t: TaskBody = serde_json::from_value(item)
+        .map_err(|e| crate::bookings::request::body_error("a task", "invalid_body", e))?;
+    let name = match t.name {
+        Some(n) => {
+            check_name("task name", &n, 500)?;
+            n
+        }
+        None => fresh_name.unwrap_or_else(crate::bookings::request::new_life_uuid),
+    };
+    let eta_ms = match (t.eta, t.countdown) {
+        (Some(_), Some(_)) => return Err(bad("invalid_body", "give eta or countdown, not both")),
+        // A past ETA means "now", as in Cloud Tasks: the task runs at once and its
+        // stored ETA never precedes the request (nor 1970, for `0000-01-01`).
+        (Some(eta), None) => crate::bookings::request::parse_time(&eta, tz)
+            .map_err(|e| bad("invalid_time", format!("eta: {e}")))?
+            .timestamp_millis()
+            .max(now_ms),
+        (None, Some(c)) => now_ms + duration_ms("countdown", &c, MAX_COUNTDOWN_MS)? as i64,
+        (None, None) => now_ms,
+    };
+    let expires_at_ms = match &t.expire_after {
+        None => None,
+        Some(v) => match duration_ms("expire_after", v, MAX_EXPIRE_AFTER_MS)? {
+            0 => return Err(bad("invalid_duration", "expire_after must be more than 0")),
+            ms => Some(eta_ms + ms as i64),
         },
-        v @ Value::Object(_) => (vec![v], true),
-        _ => {
+    };
+    let work = match (t.action, t.payload) {
+        (Some(_), Some(_)) => {
             return Err(bad(
                 "invalid_body",
-                "the body must be a task or a list of tasks",
+                "a task has an action (push queues) or a payload (pull queues), not both",
             ))
         }
-    };
-    if list.is_empty() || list.len() > MAX_TASKS_PER_CALL {
-        return Err(bad(
-            "invalid_body",
-            format!("give 1 to {MAX_TASKS_PER_CALL} tasks"),
-        ));
-    }
-    let now_ms = app.clock.now_ms();
-    let mut tasks = Vec::with_capacity(list.len());
-    let mut names = BTreeSet::new();
-    for item in list {
-        let t: TaskBody = serde_json::from_value(item)
-            .map_err(|e| bad("invalid_body", format!("a task does not fit: {e}")))?;
-        let name = match t.name {
-            Some(n) => {
-                check_name("task name", &n, 500)?;
-                n
-            }
-            None => crate::booking::new_life_uuid(),
-        };
-        if !names.insert(name.clone()) {
-            return Err(ApiError::conflict(
-                "duplicate_task",
-                format!("task `{name}` is given twice"),
-            ));
-        }
-        let eta_ms = match (t.eta, t.countdown) {
-            (Some(_), Some(_)) => {
-                return Err(bad("invalid_body", "give eta or countdown, not both"))
-            }
-            (Some(eta), None) => crate::booking::parse_time(&eta, app.config.timezone)
-                .map_err(|e| bad("invalid_time", format!("eta: {e}")))?
-                .timestamp_millis(),
-            (None, Some(c)) => now_ms + duration_ms("countdown", &c)? as i64,
-            (None, None) => now_ms,
-        };
-        let action = app.parse_action("action", &t.action, now_ms).await?;
-        tasks.push(NewTask {
-            name,
-            eta_ms,
-            action_json: serde_json::to_string(&action).expect("actions serialize"),
-        });
-    }
-    match app
-        .store
-        .task_add(&queue, &tasks, &QueueDef::defaults_json(), now_ms, app.notify_before_ms(now_ms))
-        .await?
-    {
-        Ok(()) => {}
-        Err(Some(name)) => {
-            return Err(ApiError::conflict(
-                "duplicate_task",
-                format!("queue `{queue}` has or recently had a task named `{name}`; names are kept for an hour after a task ends"),
+        (None, None) => {
+            return Err(bad(
+                "missing_field",
+                "a task needs an action (push queues) or a payload (pull queues)",
             ))
         }
-        Err(None) => return Err(not_found(&queue)),
-    }
-    let tz = app.config.timezone;
-    let views: Vec<Value> = tasks
-        .iter()
-        .map(|t| {
-            json!({
-                "queue": queue,
-                "name": t.name,
-                "eta": store::rfc3339(t.eta_ms, tz),
-                "eta_ms": t.eta_ms,
-            })
-        })
-        .collect();
-    if single {
-        Ok(Json(views.into_iter().next().expect("one task")))
-    } else {
-        Ok(Json(json!({"tasks": views})))
-    }
-}
-
-fn task_json(queue: &str, name: &str, t: &HashMap<String, String>) -> Value {
-    let text = |k: &str| t.get(k).cloned().map(Value::String).unwrap_or(Value::Null);
-    let num = |k: &str| {
-        t.get(k)
-            .and_then(|v| v.parse::<i64>().ok())
-            .map(Value::from)
-            .unwrap_or(Value::Null)
+        (Some(action), None) => {
+            if t.tag.is_some() {
+                return Err(bad(
+                    "invalid_body",
+                    "tag is for pull tasks (with a payload), to lease by",
+                ));
+            }
+            TaskWork::Action(action)
+        }
+        (None, Some(payload)) => {
+            if expires_at_ms.is_some() {
+                return Err(bad(
+                    "invalid_body",
+                    "expire_after is for push tasks; a pull task waits for its workers",
+                ));
+            }
+            if let Some(tag) = &t.tag {
+                check_name("tag", tag, 500)?;
+            }
+            TaskWork::Payload {
+                payload,
+                tag: t.tag,
+            }
+        }
     };
-    json!({
-        "queue": queue,
-        "name": name,
-        "state": text("state"),
-        "eta": text("fire_at"),
-        "eta_ms": num("fire_at_ms"),
-        "attempts": num("attempts"),
-        "action": t.get("action").and_then(|a| serde_json::from_str::<Value>(a).ok()),
-        "last_status": num("last_status"),
-        "last_error": text("last_error"),
-        "last_run": t.get("last_run").and_then(|a| serde_json::from_str::<Value>(a).ok()),
-        "failed_at": text("failed_at"),
-        "created_at": text("created_at"),
+    Ok(TaskRequest {
+        name,
+        eta_ms,
+        expires_at_ms,
+        work,
     })
-}
-
-async fn list_of(
-    app: &App,
-    queue: &str,
-    failed: bool,
-    query: &HashMap<String, String>,
-) -> Result<Json<Value>, ApiError> {
-    load_queue(app, queue).await?;
-    let limit = query
-        .get("limit")
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(100usize)
-        .clamp(1, 1000);
-    let items: Vec<Value> = app
-        .store
-        .task_list(queue, failed, limit)
-        .await?
-        .into_iter()
-        .filter(|(_, t)| !t.is_empty())
-        .map(|(name, t)| task_json(queue, &name, &t))
-        .collect();
-    Ok(Json(json!({"queue": queue, "items": items})))
-}
-
-async fn list_tasks(
-    State(app): State<Shared>,
-    Path(queue): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
-    let failed = query.get("state").map(String::as_str) == Some("failed");
-    list_of(&app, &queue, failed, &query).await
-}
-
-async fn list_failed(
-    State(app): State<Shared>,
-    Path(queue): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
-    list_of(&app, &queue, true, &query).await
-}
-
-async fn show_task(
-    State(app): State<Shared>,
-    Path((queue, task)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
-    check_name("queue name", &queue, 100)?;
-    check_name("task name", &task, 500)?;
-    match app.store.task_load(&queue, &task).await? {
-        Some(t) => Ok(Json(task_json(&queue, &task, &t))),
-        None => Err(ApiError::not_found(format!(
-            "no task `{task}` in queue `{queue}`"
-        ))),
-    }
-}
-
-async fn change_task(
-    app: &App,
-    queue: &str,
-    task: &str,
-    mode: &str,
-) -> Result<Json<Value>, ApiError> {
-    check_name("queue name", queue, 100)?;
-    check_name("task name", task, 500)?;
-    let now_ms = app.clock.now_ms();
-    match app
-        .store
-        .task_change(
-            queue,
-            task,
-            mode,
-            now_ms,
-            app.notify_before_ms(now_ms),
-            TASK_TOMBSTONE_MS,
-        )
-        .await?
-        .as_str()
-    {
-        "ok" if mode == "delete" => {
-            Ok(Json(json!({"queue": queue, "name": task, "deleted": true})))
-        }
-        "ok" => Ok(Json(
-            json!({"queue": queue, "name": task, "run_at_ms": now_ms}),
-        )),
-        "running" => Err(ApiError::conflict(
-            "task_running",
-            format!("task `{task}` is running now; try again when it returns"),
-        )),
-        _ => Err(ApiError::not_found(format!(
-            "no task `{task}` in queue `{queue}`"
-        ))),
-    }
-}
-
-async fn delete_task(
-    State(app): State<Shared>,
-    Path((queue, task)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
-    change_task(&app, &queue, &task, "delete").await
-}
-
-async fn run_task(
-    State(app): State<Shared>,
-    Path((queue, task)): Path<(String, String)>,
-) -> Result<Json<Value>, ApiError> {
-    change_task(&app, &queue, &task, "run").await
 }
 
 impl Engine {
     /// Applies each queue's retry block to the failed runs of a batch of tasks, then
     /// records the batch (`finish_task.lua`).
-    pub(crate) async fn record_tasks(&self, mut runs: Vec<FinishedRun>) {
+    pub(crate) async fn record_tasks(&self, shard: u32, mut runs: Vec<FinishedRun>) {
         let queues: BTreeSet<String> = runs
             .iter()
             .filter_map(|r| match r.plan.owner() {
@@ -721,7 +482,7 @@ impl Engine {
                         .map(|i| runs[*i].plan.plan_id.clone())
                         .collect();
                     let store = self.store.clone();
-                    async move { store.task_retry_inputs(&queues, &plans).await }
+                    async move { store.task_retry_inputs(shard, &queues, &plans).await }
                 })
                 .await;
             let now_ms = self.clock.now_ms();
@@ -743,6 +504,7 @@ impl Engine {
                 let attempts = run.record.attempt;
                 let age_ms = now_ms - first.unwrap_or(run.record.started_at_ms);
                 if policy.gives_up(attempts, age_ms) {
+                    run.record.retry_after_ms = None;
                     tracing::info!(
                         queue,
                         task,
@@ -750,19 +512,26 @@ impl Engine {
                         "task failed for good; kept in the queue's failed list"
                     );
                 } else {
-                    let next_ms = now_ms + policy.backoff_ms(attempts) as i64;
+                    // The target's Retry-After sets the time, within max_backoff.
+                    let wait = match run.record.retry_after_ms {
+                        Some(ms) => ms.min(policy.max_backoff_ms),
+                        None => policy.backoff_ms(attempts),
+                    };
+                    let next_ms = now_ms.saturating_add(wait.min(i64::MAX as u64) as i64);
                     run.outcome = RunOutcome::Retry { next_ms };
                     run.record.outcome = "retry";
                 }
             }
         }
-        for run in &runs {
+        for run in &mut runs {
             self.metrics.record_task_run(run.record.outcome);
+            self.attach_callback(run);
         }
         let notify_before = self.notify_before_ms();
         let held = self
             .retry_store("tasks", || {
                 self.store.finish_tasks(
+                    shard,
                     &self.host_id,
                     &runs,
                     self.clock.now_ms(),
@@ -806,6 +575,42 @@ mod tests {
     }
 
     #[test]
+    fn a_past_eta_is_now_and_a_future_one_is_kept() {
+        let now = 1_800_000_000_000;
+        let eta = |text: &str| {
+            let item = serde_json::json!({"eta": text, "action": {"path": "/x"}});
+            parse_task(item, now, chrono_tz::UTC, None).unwrap().eta_ms
+        };
+        assert_eq!(eta("0000-01-01T00:00:00Z"), now, "before 1970");
+        assert_eq!(eta("2020-01-01 00:00:00"), now);
+        assert_eq!(eta("2030-01-01T00:00:00Z"), 1_893_456_000_000);
+    }
+
+    #[test]
+    fn expire_after_counts_from_the_eta() {
+        let now = 1_800_000_000_000;
+        let task = |extra: serde_json::Value| {
+            let mut item = serde_json::json!({"action": {"path": "/x"}});
+            item.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            parse_task(item, now, chrono_tz::UTC, None)
+        };
+        let t = task(serde_json::json!({"countdown": 60, "expire_after": "5m"})).unwrap();
+        assert_eq!(t.expires_at_ms, Some(now + 60_000 + 300_000));
+        assert_eq!(task(serde_json::json!({})).unwrap().expires_at_ms, None);
+        for bad in [
+            serde_json::json!({"expire_after": 0}),
+            serde_json::json!({"expire_after": "31d"}),
+            serde_json::json!({"expire_after": "soon"}),
+            serde_json::json!({"expire_after": -1}),
+        ] {
+            let e = task(bad.clone()).unwrap_err();
+            assert_eq!(e.code, "invalid_duration", "{bad}");
+        }
+    }
+
+    #[test]
     fn limits_give_up_when_both_are_reached() {
         let count = RetryPolicy {
             limit: 2,
@@ -837,13 +642,5 @@ mod tests {
             ..RetryPolicy::default()
         };
         assert!(zero.gives_up(1, 0), "limit 0: no retry at all");
-    }
-
-    #[test]
-    fn task_paths_need_the_book_scope() {
-        assert!(is_task_path("/queues/q/tasks"));
-        assert!(is_task_path("/queues/q/tasks/t/run"));
-        assert!(!is_task_path("/queues/q"));
-        assert!(!is_task_path("/queues/q/purge"));
     }
 }

@@ -2,23 +2,24 @@
 //! (`preset_execution_time`) from Redis into an in-memory timer, and hands each one to the
 //! worker pool at its fire time.
 //!
-//! - **Claimer**: runs the `claim` script at least every `booking_plan_watch_interval`, and
-//!   at once when the `notify` channel says a Plan became due inside the window (a new
-//!   booking, a retry, a Plan taken back from a dead host). It claims nothing while the
-//!   queue of fired Plans is full or `max_claimed` Plans are already in memory, so
-//!   pressure stops claiming instead of dropping work.
+//! - **Claimer**: runs the `claim` script on each shard this host owns at least every
+//!   `booking_plan_watch_interval`, and on one shard at once when that shard's `notify`
+//!   channel says a Plan became due inside the window (a new booking, a retry, a Plan
+//!   taken back from a dead host). It claims nothing while the queue of fired Plans is
+//!   full or `max_claimed` Plans are already in memory, so pressure stops claiming
+//!   instead of dropping work.
 //! - **Timer**: a `BTreeMap` ordered by (fire time, sequence) and a dispatcher task that
 //!   sleeps until the earliest entry, woken early through a `Notify` when an earlier
 //!   entry arrives.
 //! - **Queue**: a bounded channel of `timedout_queue_max_size` fired Plans; a pool of
 //!   `workers` concurrent runs drains it (`executor.rs`).
 //!
-//! **Architecture invariant:** a claimed Plan stays under this host's lease (Preset in
-//! Redis, member of `held:{host}`) until `finish_run` or a hand-back releases it, so a
-//! crash at any point leaves it to the supervisor of another host.
+//! **Architecture invariant:** a claimed Plan stays under its shard's lease (Preset in
+//! Redis, member of the shard's `held`) until `finish_run` or a hand-back releases it, so
+//! a crash at any point leaves it to the host that takes the shard over.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -33,7 +34,8 @@ use crate::executor::START_BATCH;
 use crate::metrics::Metrics;
 use crate::outbound::OutboundPolicy;
 use crate::plugins::PluginRuntime;
-use crate::store::{Claimed, Store};
+use crate::store::{ClaimReply, Claimed, Owner, Store};
+use crate::supervisor::ShardTable;
 
 /// Most Plans one `claim` call moves.
 const CLAIM_BATCH: usize = 1000;
@@ -53,21 +55,94 @@ pub struct Engine {
     /// Counters shared with the API's `/metrics`.
     pub metrics: Arc<Metrics>,
     claim_wakeup: Notify,
+    /// The shards this host works.
+    pub(crate) shards: ShardTable,
+    /// Shards whose notify channel spoke since their last claim.
+    dirty: Mutex<BTreeSet<u32>>,
+    /// When each owned shard's first queue task left in `due_tasks` is due.
+    next_task_ms: Mutex<HashMap<u32, i64>>,
     /// Boxed so that the B-tree shifts 8-byte pointers, not whole Plans, as entries come and go.
     timer: Mutex<BTreeMap<(i64, u64), Box<Claimed>>>,
     timer_wakeup: Notify,
     sequence: AtomicU64,
-    /// Plans this host holds in memory: in the timer, in the queue or running.
-    pub(crate) in_memory: AtomicUsize,
+    /// Plans this host holds in memory (in the timer, in the queue or running), by
+    /// (Plan, claim). The self-audit hands back the Plans this host holds in Redis that
+    /// are not here.
+    tracked: Mutex<Tracked>,
+    /// Held by a claim pass from its call until its Plans are tracked, and by the audit
+    /// while it compares Redis with `tracked`, so that the audit never mistakes a Plan
+    /// being claimed for one this host lost track of.
+    pub(crate) claim_gate: tokio::sync::Mutex<()>,
     /// Runs under way now, from a successful start until their outcome is recorded.
     pub(crate) running: AtomicUsize,
-    /// Ids of those runs: the self-audit must never hand back a Plan that is running.
-    pub(crate) in_flight: Mutex<HashSet<String>>,
+    /// Asks the shard keeper to renew the leases now (a claim or start found one
+    /// expired).
+    pub(crate) renew_now: Notify,
+    /// When this host last failed to reach Redis (ms): after an outage every shard's
+    /// lease may look expired, so the shard keeper leaves other hosts' shards alone for
+    /// a lease period while they renew.
+    pub(crate) last_store_error_ms: std::sync::atomic::AtomicI64,
+    /// When the shard keeper last renewed this host's leases (ms).
+    pub(crate) last_renewed_ms: std::sync::atomic::AtomicI64,
+    /// This host's lease as this host sees it; a run started under one lease is not
+    /// called once that lease has lapsed.
+    lease: LeaseWatch,
     /// Set when a claim pass stopped because of back-pressure; the next finished run
     /// wakes the claimer.
     starved: AtomicBool,
     queue_tx: mpsc::Sender<Claimed>,
     queue_rx: Mutex<Option<mpsc::Receiver<Claimed>>>,
+}
+
+/// Until when this host's lease holds, by this host's clock (ms), and how many times it
+/// has lapsed (renewed only after it had run out). A process frozen (SIGSTOP, a paused
+/// VM) past its lease, then resumed, finds its lease lapsed even if the heartbeat renews
+/// it first: another host may have taken its Plans over meanwhile.
+struct LeaseWatch {
+    until_ms: std::sync::atomic::AtomicI64,
+    lapses: AtomicU64,
+}
+
+impl LeaseWatch {
+    fn new(until_ms: i64) -> Self {
+        LeaseWatch {
+            until_ms: std::sync::atomic::AtomicI64::new(until_ms),
+            lapses: AtomicU64::new(0),
+        }
+    }
+
+    fn renewed(&self, renewed_at_ms: i64, until_ms: i64) {
+        if renewed_at_ms > self.until_ms.load(Ordering::Acquire) {
+            self.lapses.fetch_add(1, Ordering::AcqRel);
+        }
+        self.until_ms.fetch_max(until_ms, Ordering::AcqRel);
+    }
+
+    fn token(&self) -> u64 {
+        self.lapses.load(Ordering::Acquire)
+    }
+
+    /// The lease a token was taken under has not lapsed since and holds at `now_ms`.
+    fn intact(&self, token: u64, now_ms: i64) -> bool {
+        self.token() == token && now_ms < self.until_ms.load(Ordering::Acquire)
+    }
+}
+
+/// What this host holds in memory, by (Plan id, claim): two entries of one Plan exist
+/// only when a run of an earlier claim is still going after the lease was lost and the
+/// Plan was claimed again.
+#[derive(Default)]
+struct Tracked {
+    plans: HashMap<(String, String), TrackedPlan>,
+    tasks: usize,
+}
+
+struct TrackedPlan {
+    task: bool,
+    shard: u32,
+    /// Started (its action may be under way): a shard is given up only once none of its
+    /// Plans is.
+    running: bool,
 }
 
 /// Fired Plans waiting for a worker, best first: priority rank (1 first), then fire time,
@@ -118,6 +193,10 @@ impl WaitingRuns {
     }
 }
 
+fn clock_now_ms() -> i64 {
+    chrono::Utc::now().timestamp_millis()
+}
+
 /// A watch channel that turns true once, when the host begins to shut down.
 pub type ShutdownSignal = watch::Receiver<bool>;
 
@@ -139,8 +218,11 @@ impl Engine {
         plugins: Arc<PluginRuntime>,
     ) -> Arc<Engine> {
         let (queue_tx, queue_rx) = mpsc::channel(config.timedout_queue_max_size);
-        let policy =
-            OutboundPolicy::new(config.allowed_hosts.clone(), config.gateway_url.as_deref());
+        let lease_ms = config.lease_ttl.as_millis() as i64;
+        let policy = Arc::new(OutboundPolicy::new(
+            config.allowed_hosts.clone(),
+            config.gateway_url.as_deref(),
+        ));
         let webhook = WebhookAgent::new(
             config.gateway_url.clone(),
             policy,
@@ -159,12 +241,19 @@ impl Engine {
             plugins,
             metrics,
             claim_wakeup: Notify::new(),
+            shards: ShardTable::default(),
+            dirty: Mutex::new(BTreeSet::new()),
+            next_task_ms: Mutex::new(HashMap::new()),
             timer: Mutex::new(BTreeMap::new()),
             timer_wakeup: Notify::new(),
             sequence: AtomicU64::new(0),
-            in_memory: AtomicUsize::new(0),
+            tracked: Mutex::new(Tracked::default()),
+            claim_gate: tokio::sync::Mutex::new(()),
             running: AtomicUsize::new(0),
-            in_flight: Mutex::new(HashSet::new()),
+            renew_now: Notify::new(),
+            last_store_error_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
+            last_renewed_ms: std::sync::atomic::AtomicI64::new(clock_now_ms()),
+            lease: LeaseWatch::new(clock_now_ms() + lease_ms),
             starved: AtomicBool::new(false),
             queue_tx,
             queue_rx: Mutex::new(Some(queue_rx)),
@@ -201,17 +290,144 @@ impl Engine {
         }
     }
 
+    /// A claimed Plan entered this host's memory.
+    fn track(&self, plan: &Claimed) {
+        let task = matches!(plan.owner(), Some(Owner::Task { .. }));
+        let mut tracked = self.tracked.lock().expect("tracked lock");
+        let previous = tracked.plans.insert(
+            (plan.plan_id.clone(), plan.claim.clone()),
+            TrackedPlan {
+                task,
+                shard: plan.shard,
+                running: false,
+            },
+        );
+        if task && previous.is_none() {
+            tracked.tasks += 1;
+        }
+    }
+
     /// A Plan left this host's memory (finished, lost or handed back).
-    pub(crate) fn forget(&self) {
-        self.in_memory.fetch_sub(1, Ordering::AcqRel);
+    pub(crate) fn forget(&self, plan: &Claimed) {
+        let mut tracked = self.tracked.lock().expect("tracked lock");
+        if let Some(gone) = tracked
+            .plans
+            .remove(&(plan.plan_id.clone(), plan.claim.clone()))
+        {
+            if gone.task {
+                tracked.tasks -= 1;
+            }
+        }
+        drop(tracked);
         if self.starved.swap(false, Ordering::AcqRel) {
             self.claim_wakeup.notify_one();
         }
     }
 
+    /// A tracked Plan has started: its shard is not given up until it is recorded.
+    pub(crate) fn mark_running(&self, plan: &Claimed) {
+        let mut tracked = self.tracked.lock().expect("tracked lock");
+        if let Some(p) = tracked
+            .plans
+            .get_mut(&(plan.plan_id.clone(), plan.claim.clone()))
+        {
+            p.running = true;
+        }
+    }
+
+    /// Runs of `shard` under way on this host.
+    pub(crate) fn running_in(&self, shard: u32) -> usize {
+        self.tracked
+            .lock()
+            .expect("tracked lock")
+            .plans
+            .values()
+            .filter(|p| p.shard == shard && p.running)
+            .count()
+    }
+
+    /// Lets go of a shard's Plans in memory that have not started: off the timer and out
+    /// of `tracked` (fired ones waiting for a worker are dropped when they reach it, as
+    /// the shard is no longer active). Runs under way are left to finish.
+    pub(crate) fn forget_shard(&self, shard: u32) {
+        self.timer
+            .lock()
+            .expect("timer lock")
+            .retain(|_, plan| plan.shard != shard);
+        let mut tracked = self.tracked.lock().expect("tracked lock");
+        let before = tracked.plans.len();
+        let mut tasks_gone = 0;
+        tracked.plans.retain(|_, p| {
+            let keep = p.shard != shard || p.running;
+            if !keep && p.task {
+                tasks_gone += 1;
+            }
+            keep
+        });
+        tracked.tasks -= tasks_gone;
+        let gone = before - tracked.plans.len();
+        drop(tracked);
+        self.dirty.lock().expect("dirty lock").remove(&shard);
+        self.next_task_ms
+            .lock()
+            .expect("next task lock")
+            .remove(&shard);
+        if gone > 0 {
+            tracing::debug!(shard, plans = gone, "let go of a shard's claimed Plans");
+            self.wake_claimer();
+        }
+    }
+
+    /// A shard's notify channel spoke: claim from it at the next pass.
+    pub(crate) fn mark_dirty(&self, shard: u32) {
+        self.dirty.lock().expect("dirty lock").insert(shard);
+        self.claim_wakeup.notify_one();
+    }
+
+    /// Whether this host tracks this claim of a Plan.
+    pub(crate) fn tracks(&self, plan_id: &str, claim: &str) -> bool {
+        self.tracked
+            .lock()
+            .expect("tracked lock")
+            .plans
+            .contains_key(&(plan_id.to_string(), claim.to_string()))
+    }
+
+    /// This host's lease was found expired: renew it now.
+    pub(crate) fn lease_lost(&self) {
+        self.renew_now.notify_one();
+    }
+
+    /// The lease was renewed, at `renewed_at_ms` (taken before the renewal was sent),
+    /// until `until_ms`.
+    pub(crate) fn lease_renewed(&self, renewed_at_ms: i64, until_ms: i64) {
+        self.lease.renewed(renewed_at_ms, until_ms);
+        self.last_renewed_ms.store(renewed_at_ms, Ordering::Release);
+    }
+
+    /// The current lease, as a token for [`lease_intact`](Self::lease_intact).
+    pub(crate) fn lease_token(&self) -> u64 {
+        self.lease.token()
+    }
+
+    /// Whether the lease a token was taken under still holds.
+    pub(crate) fn lease_intact(&self, token: u64) -> bool {
+        self.lease.intact(token, self.clock.now_ms())
+    }
+
+    /// How long ago the lease was last renewed (ms).
+    pub fn ms_since_lease_renewed(&self) -> i64 {
+        self.clock.now_ms() - self.last_renewed_ms.load(Ordering::Acquire)
+    }
+
     /// Plans this host holds in memory (timer, queue, running).
     pub fn claimed(&self) -> usize {
-        self.in_memory.load(Ordering::Acquire)
+        self.tracked.lock().expect("tracked lock").plans.len()
+    }
+
+    /// Queue tasks among them.
+    fn tasks_claimed(&self) -> usize {
+        self.tracked.lock().expect("tracked lock").tasks
     }
 
     /// Runs under way on this host.
@@ -229,12 +445,16 @@ impl Engine {
             .expect("queue lock")
             .take()
             .expect("engine started twice");
+        // The leases are renewed until every Plan is handed back, so that no other host
+        // takes over a run this one is still finishing.
+        let (stopped_tx, stopped) = watch::channel(false);
+        let keeper = tokio::spawn(self.clone().shard_keeper(shutdown.clone(), stopped));
         let tasks = vec![
             tokio::spawn(self.clone().claimer(shutdown.clone())),
             tokio::spawn(self.clone().dispatcher(shutdown.clone())),
             tokio::spawn(self.clone().listener(shutdown.clone())),
-            tokio::spawn(self.clone().heartbeat(shutdown.clone())),
             tokio::spawn(self.clone().supervisor(shutdown.clone())),
+            tokio::spawn(self.clone().memory_watch(shutdown.clone())),
         ];
         let pool = tokio::spawn(self.clone().worker_pool(rx, shutdown.clone()));
         let engine = self.clone();
@@ -244,13 +464,24 @@ impl Engine {
                 let _ = task.await;
             }
             engine.hand_back_all().await;
+            let _ = stopped_tx.send(true);
+            let _ = keeper.await;
         })
     }
 
     async fn claimer(self: Arc<Self>, mut shutdown: ShutdownSignal) {
+        let interval = self.config.booking_plan_watch_interval;
+        let mut last_full = tokio::time::Instant::now() - interval;
         loop {
-            self.claim_pass().await;
-            let pause = self.until_next_task().await;
+            // Every shard at each watch interval; in between, those whose channel spoke.
+            let full = last_full.elapsed() >= interval;
+            if full {
+                last_full = tokio::time::Instant::now();
+            }
+            self.claim_pass(full).await;
+            let pause = self
+                .until_next_task()
+                .min(interval.saturating_sub(last_full.elapsed()));
             tokio::select! {
                 _ = tokio::time::sleep(pause) => {}
                 _ = self.claim_wakeup.notified() => {}
@@ -262,63 +493,129 @@ impl Engine {
     /// How long the claimer may sleep: the watch interval, or less when a queue task
     /// comes within its look-ahead sooner (tasks are not claimed a whole window ahead, so
     /// nothing else would wake the claimer for them).
-    async fn until_next_task(&self) -> Duration {
+    fn until_next_task(&self) -> Duration {
         let interval = self.config.booking_plan_watch_interval;
         if self.starved.load(Ordering::Acquire) {
             return interval;
         }
         let now_ms = self.clock.now_ms();
-        match self
-            .store
-            .next_task_due_ms(now_ms + TASK_LOOKAHEAD_MS)
-            .await
-        {
-            Ok(Some(next_ms)) => {
+        let next = self
+            .next_task_ms
+            .lock()
+            .expect("next task lock")
+            .values()
+            .copied()
+            .filter(|&ms| ms > now_ms + TASK_LOOKAHEAD_MS)
+            .min();
+        match next {
+            Some(next_ms) => {
                 let wait_ms = (next_ms - TASK_LOOKAHEAD_MS - now_ms).max(10) as u64;
                 interval.min(Duration::from_millis(wait_ms))
             }
-            _ => interval,
+            None => interval,
         }
     }
 
-    /// Claims until nothing more is due in the window or back-pressure says stop.
-    async fn claim_pass(&self) {
-        loop {
-            let room = self
-                .config
-                .max_claimed
-                .saturating_sub(self.in_memory.load(Ordering::Acquire));
-            if room == 0 || self.queue_tx.capacity() == 0 {
-                self.starved.store(true, Ordering::Release);
+    /// Claims from the shards this host owns (every one, or those whose channel spoke)
+    /// until nothing more is due in the window or back-pressure says stop.
+    async fn claim_pass(&self, full: bool) {
+        let dirty: BTreeSet<u32> = std::mem::take(&mut *self.dirty.lock().expect("dirty lock"));
+        let shards: Vec<(u32, u64)> = self
+            .shards
+            .active()
+            .into_iter()
+            .filter(|(s, _)| full || dirty.contains(s))
+            .collect();
+        // Start each pass at another shard, so that under pressure none waits behind
+        // the others every time.
+        let turn = self.sequence.load(Ordering::Relaxed) as usize % shards.len().max(1);
+        for &(shard, gen) in shards[turn..].iter().chain(&shards[..turn]) {
+            if !self.claim_shard(shard, gen).await {
+                // Out of room: what was not looked at is looked at when room comes back.
+                let mut d = self.dirty.lock().expect("dirty lock");
+                d.extend(
+                    shards
+                        .iter()
+                        .map(|(s, _)| *s)
+                        .filter(|s| dirty.contains(s) || full),
+                );
                 return;
             }
+        }
+    }
+
+    /// Claims from one shard until it has nothing more due in the window; false when
+    /// back-pressure stopped it.
+    async fn claim_shard(&self, shard: u32, gen: u64) -> bool {
+        loop {
+            let room = self.config.max_claimed.saturating_sub(self.claimed());
+            if room == 0 || self.queue_tx.capacity() == 0 {
+                self.starved.store(true, Ordering::Release);
+                return false;
+            }
             let limit = room.min(CLAIM_BATCH);
+            // Queue tasks may take at most half of the room: a queue at its limits must
+            // never keep births, deaths and timers out of memory.
+            let task_limit = (self.config.max_claimed / 2).saturating_sub(self.tasks_claimed());
             let now_ms = self.clock.now_ms();
-            let batch = match self
+            let gate = self.claim_gate.lock().await;
+            let reply = self
                 .store
                 .claim(
+                    shard,
                     &self.host_id,
+                    gen,
                     now_ms + self.window_ms(),
                     limit,
-                    now_ms + self.lease_ms(),
                     now_ms + TASK_LOOKAHEAD_MS,
+                    task_limit,
                 )
-                .await
-            {
-                Ok(batch) => batch,
+                .await;
+            let (batch, next_task_ms) = match reply {
+                Ok(ClaimReply::Claimed {
+                    plans,
+                    next_task_ms,
+                }) => (plans, next_task_ms),
+                Ok(ClaimReply::Lost) => {
+                    drop(gate);
+                    tracing::warn!(shard, "the shard is another host's now; dropping it");
+                    self.drop_shard(shard);
+                    return true;
+                }
+                Ok(ClaimReply::Expired) => {
+                    drop(gate);
+                    self.lease_lost();
+                    return true;
+                }
                 Err(e) => {
-                    tracing::warn!(error = %e, "claim failed; retrying at the next scan");
-                    return;
+                    drop(gate);
+                    self.store_failed();
+                    // The claim may have applied with its reply lost, leaving Plans
+                    // Preset under this host that it does not know of: hand them back
+                    // now rather than when the periodic audit comes round.
+                    tracing::warn!(shard, error = %e, "claim failed; handing back what it may have claimed");
+                    self.audit_held().await;
+                    return true;
                 }
             };
+            {
+                let mut next = self.next_task_ms.lock().expect("next task lock");
+                match next_task_ms {
+                    Some(ms) => next.insert(shard, ms),
+                    None => next.remove(&shard),
+                };
+            }
             let claimed = batch.len();
-            self.in_memory.fetch_add(claimed, Ordering::AcqRel);
+            for plan in &batch {
+                self.track(plan);
+            }
+            drop(gate);
             for plan in batch {
                 let at = plan.fire_at_ms;
                 self.schedule(plan, at);
             }
             if claimed < limit {
-                return;
+                return true;
             }
         }
     }
@@ -415,9 +712,10 @@ impl Engine {
             }
             self.start_batch(batch, &finished_tx).await;
         }
-        // Graceful stop: let runs under way finish and be recorded, within the lease so
-        // that nobody else has taken them over meanwhile.
-        let deadline = tokio::time::Instant::now() + self.config.lease_ttl;
+        // Graceful stop: let runs under way finish and be recorded (the lease is still
+        // renewed, so nobody takes them over meanwhile), for at most shutdown_timeout;
+        // what is still running then is handed back with the rest.
+        let deadline = tokio::time::Instant::now() + self.config.shutdown_timeout;
         while self.running.load(Ordering::Acquire) > 0 && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -429,49 +727,70 @@ impl Engine {
         rx.close();
     }
 
-    /// Gives every Plan this host holds back to the due set (graceful shutdown).
-    async fn hand_back_all(&self) {
-        let notify_before = self.notify_before_ms();
-        for _ in 0..10_000 {
-            match self
-                .store
-                .reclaim(&self.host_id, CLAIM_BATCH, None, notify_before)
-                .await
-            {
-                Ok((moved, left)) => {
-                    if moved > 0 {
-                        tracing::info!(moved, "handed claimed Plans back");
-                    }
-                    if left <= 0 {
-                        break;
-                    }
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot hand Plans back; another host will reclaim them when this lease expires");
-                    break;
-                }
+    /// Gives every shard up, with the Plans held in it (graceful shutdown, or at once on
+    /// a second signal, runs under way included: they run again elsewhere), and leaves
+    /// the live hosts, so that the others take the shards at once.
+    pub(crate) async fn hand_back_all(&self) {
+        self.timer.lock().expect("timer lock").clear();
+        let mut moved = 0;
+        for (shard, owned) in self.shards.all() {
+            if let Some(n) = self.give_up_shard(shard, owned.gen).await {
+                moved += n;
+                self.shards.remove(shard);
+            } else {
+                tracing::error!(
+                    shard,
+                    "cannot give the shard up; another host takes it when its lease runs out"
+                );
             }
         }
-        self.timer.lock().expect("timer lock").clear();
+        if moved > 0 {
+            tracing::info!(moved, "handed claimed Plans back");
+        }
+        if let Err(e) = self.store.retire_host(&self.host_id).await {
+            tracing::warn!(error = %e, "cannot leave the list of live hosts; the others notice when this host's lease runs out");
+        }
     }
 
-    /// Listens on the notify channel; any Plan due within the window wakes the claimer.
+    /// Listens on every shard's notify channel (one pattern subscription); a Plan due
+    /// within the window in a shard this host works wakes the claimer for that shard.
+    /// On a cluster, PUBLISH reaches every node, so any one node will do: each attempt
+    /// takes the next.
     async fn listener(self: Arc<Self>, mut shutdown: ShutdownSignal) {
-        let channel = self.store.keys.notify();
+        let pattern = self.store.notify_pattern();
+        let nodes = self.store.target().nodes();
+        let mut attempt = 0usize;
         loop {
-            match self.store.client().get_async_pubsub().await {
-                Ok(mut pubsub) => match pubsub.subscribe(&channel).await {
+            let node = &nodes[attempt % nodes.len()];
+            attempt += 1;
+            let client = match redis::Client::open(node.as_str()) {
+                Ok(client) => client,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot open a pub/sub client");
+                    return;
+                }
+            };
+            match client.get_async_pubsub().await {
+                Ok(mut pubsub) => match pubsub.psubscribe(&pattern).await {
                     Ok(()) => {
-                        // Anything published while we were not listening is found by a pass.
-                        self.wake_claimer();
+                        // Anything published while we were not listening is found by a
+                        // full pass.
+                        for (shard, _) in self.shards.active() {
+                            self.mark_dirty(shard);
+                        }
                         let mut messages = pubsub.on_message();
                         loop {
                             tokio::select! {
                                 message = messages.next() => match message {
                                     Some(m) => {
                                         let fire_ms: i64 = m.get_payload().unwrap_or(0);
-                                        if fire_ms <= self.notify_before_ms() {
-                                            self.wake_claimer();
+                                        if fire_ms > self.notify_before_ms() {
+                                            continue;
+                                        }
+                                        if let Some(shard) = self.store.shard_of_channel(m.get_channel_name()) {
+                                            if self.shards.active_gen(shard).is_some() {
+                                                self.mark_dirty(shard);
+                                            }
                                         }
                                     }
                                     None => break,
@@ -481,9 +800,11 @@ impl Engine {
                         }
                         tracing::warn!("notify subscription lost; reconnecting");
                     }
-                    Err(e) => tracing::warn!(error = %e, "cannot subscribe to the notify channel"),
+                    Err(e) => tracing::warn!(error = %e, "cannot subscribe to the notify channels"),
                 },
-                Err(e) => tracing::warn!(error = %e, "cannot open a pub/sub connection"),
+                Err(e) => {
+                    tracing::warn!(error = %e, node = %node, "cannot open a pub/sub connection")
+                }
             }
             tokio::select! {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
@@ -501,6 +822,7 @@ mod tests {
     fn plan(id: &str, fire_at_ms: i64, priority: Option<u8>) -> Claimed {
         Claimed {
             plan_id: id.into(),
+            shard: 0,
             fire_at_ms,
             claim: "1".into(),
             action: String::new(),
@@ -511,6 +833,29 @@ mod tests {
                 ..RunOpts::default()
             },
         }
+    }
+
+    #[test]
+    fn a_lease_that_lapsed_stays_lapsed_for_runs_started_under_it() {
+        let lease = LeaseWatch::new(4_000);
+        let token = lease.token();
+        lease.renewed(1_000, 5_000);
+        assert!(
+            lease.intact(token, 4_500),
+            "renewed in time: the same lease"
+        );
+        // Frozen from 4.6 s to 9 s; on resuming the heartbeat renews first.
+        lease.renewed(9_000, 13_000);
+        assert!(
+            !lease.intact(token, 9_001),
+            "a run started before the lapse is not called, though the lease holds again"
+        );
+        assert!(
+            lease.intact(lease.token(), 9_001),
+            "runs started now are fine"
+        );
+        // Frozen, and nothing renewed yet: run out by the clock.
+        assert!(!lease.intact(lease.token(), 13_500));
     }
 
     #[test]

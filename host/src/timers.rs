@@ -1,104 +1,342 @@
-//! Recurring timers (SPEC section 5): the `/timers` routes, and how a finished timer run
-//! is recorded and its next slot chosen.
+//! Recurring timers (SPEC section 5): a timer's definition and its checks, and how a
+//! finished timer run is recorded and its next slot chosen. The routes are in
+//! `api/timers.rs`.
 //!
 //! A timer is a definition (`timer:{name}`) and one Plan (`plan:{name}:timer`) that goes
 //! through the same `due` set, claims, leases and `start_run` fence as a Life's Plans.
 //! **Architecture invariant:** a timer has exactly one Plan and its next slot is scheduled
 //! only when the run before it has been recorded, so a timer never runs twice at once on
 //! any number of hosts. Slots that pass meanwhile, because the run was still going or
-//! because no host was up, are not run late one by one: they are logged in the timer's
-//! runs list as `skipped`, and the timer runs once and goes on with the next slot.
-//! Schedules and the DST rule are in `schedule.rs`.
+//! because no host was up, follow the timer's policy ([`TimerPolicy`]): by default they
+//! are logged in the runs list as `skipped` and the timer goes on with the next slot;
+//! `fire_all` runs missed slots late one by one (still one run at a time), `buffer_one`
+//! runs the last overlapping slot when the run ends, and a `starting_deadline` skips a
+//! run that would start too late (decided by the executor before the call).
+//! Schedules and the DST rules are in `schedule/`.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
-use axum::routing::{get, post};
-use axum::{Json, Router};
 use chrono_tz::Tz;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::api::{body_bytes, App};
 use crate::error::ApiError;
-use crate::executor::DEFAULT_TIMER_RETRIES;
+use crate::model::DEFAULT_TIMER_RETRIES;
 use crate::model::{Action, RunOpts};
-use crate::schedule::Schedule;
+use crate::schedule::{Checked, Schedule};
 use crate::scheduler::Engine;
-use crate::store::{self, FinishedRun, NextRun, Owner, RunOutcome, TimerFinish, TimerPut};
-
-type Shared = Arc<App>;
+use crate::store::{self, FinishedRun, Owner, RunOutcome, TimerFinish};
 
 /// Fire times shown by `GET /timers/{name}` unless `?preview=` says otherwise.
-const DEFAULT_PREVIEW: usize = 5;
+pub(crate) const DEFAULT_PREVIEW: usize = 5;
 /// Skipped slots counted one by one in a skip record; past this it says "at least".
 const MAX_SKIPS_COUNTED: usize = 100_000;
 /// Default priority of a timer (1 high .. 4 low).
-const DEFAULT_PRIORITY: u8 = 2;
+pub(crate) const DEFAULT_PRIORITY: u8 = 2;
+/// The `dialect` field of timers whose schedule is in the unix dialect; timers written
+/// before it have none and are rewritten by [`upgrade_legacy_schedules`].
+const DIALECT: &str = "unix";
 
-/// The `/timers` routes.
-pub fn routes() -> Router<Shared> {
-    Router::new()
-        .route("/timers", get(list_timers).post(create_timer))
-        .route(
-            "/timers/{name}",
-            get(show_timer).patch(patch_timer).delete(delete_timer),
-        )
-        .route("/timers/{name}/run", post(run_timer))
-        .route("/timers/{name}/activate", post(activate_timer))
-        .route("/timers/{name}/deactivate", post(deactivate_timer))
-        .route("/timers/{name}/runs", get(timer_runs))
+/// Rewrites the schedules of timers written before the unix dialect into it, keeping
+/// their fire times (`schedule/legacy.rs`); run by every host at startup. Until then, or
+/// if a rewrite fails, such a timer is still read in its old dialect.
+pub async fn upgrade_legacy_schedules(store: &store::Store) -> Result<usize, ApiError> {
+    let mut rewritten = 0;
+    for (name, hash, _plan) in store.timer_list().await? {
+        if hash.contains_key("dialect") {
+            continue;
+        }
+        let Some(old) = hash.get("schedule") else {
+            continue;
+        };
+        match crate::schedule::legacy::to_unix(old) {
+            Ok(new) => {
+                if store
+                    .timer_rewrite_dialect(&name, old, &new, DIALECT)
+                    .await?
+                {
+                    tracing::info!(timer = %name, old = %old, new = %new, "timer schedule rewritten into the unix cron dialect, same fire times");
+                    rewritten += 1;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(timer = %name, error = %e, "timer schedule left in its old dialect")
+            }
+        }
+    }
+    Ok(rewritten)
 }
 
-/// Names of timers, queues and tasks: they are part of Redis keys.
-pub fn check_name(what: &str, name: &str, max_len: usize) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= max_len
-        && name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request(
-            "invalid_name",
-            format!("{what} `{name}` must be 1 to {max_len} letters, digits, `-` or `_`"),
-        ))
+/// How a checked schedule is shown: by `POST /timers/validate`, `GET /timers/{name}` and
+/// `kairos timers check --json`.
+pub fn checked_json(checked: &Checked) -> Value {
+    json!({
+        "description": checked.description,
+        "timezone": checked.timezone.name(),
+        "dst_rule": checked.clock_name(),
+        "preview": checked
+            .fires_ms
+            .iter()
+            .map(|ms| store::rfc3339(*ms, checked.timezone))
+            .collect::<Vec<_>>(),
+        "preview_ms": checked.fires_ms,
+    })
+}
+
+/// `preview=N`: 0 to 100 fire times.
+pub(crate) fn preview_count(text: Option<&String>) -> Result<usize, ApiError> {
+    match text {
+        None => Ok(DEFAULT_PREVIEW),
+        Some(n) => n
+            .parse()
+            .ok()
+            .filter(|n| *n <= 100)
+            .ok_or_else(|| ApiError::bad_request("invalid_query", "preview must be 0 to 100")),
     }
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct TimerBody {
-    name: Option<String>,
-    schedule: Option<String>,
-    timezone: Option<String>,
-    action: Option<Value>,
-    priority: Option<u8>,
-    timeout: Option<Value>,
-    retries: Option<u32>,
-    active: Option<bool>,
-    next_run: Option<String>,
+pub(crate) struct TimerBody {
+    pub(crate) name: Option<String>,
+    pub(crate) schedule: Option<String>,
+    pub(crate) timezone: Option<String>,
+    pub(crate) action: Option<Value>,
+    pub(crate) priority: Option<u8>,
+    pub(crate) timeout: Option<Value>,
+    pub(crate) retries: Option<u32>,
+    pub(crate) active: Option<bool>,
+    pub(crate) next_run: Option<String>,
+    pub(crate) misfire: Option<String>,
+    pub(crate) catch_up_limit: Option<u32>,
+    pub(crate) catch_up_window: Option<Value>,
+    pub(crate) overlap: Option<String>,
+    pub(crate) starting_deadline: Option<Value>,
+    pub(crate) exclude_dates: Option<Vec<String>>,
+}
+
+/// What becomes of the slots a timer missed (Quartz's misfire instructions, Temporal's
+/// catch-up window): slots that passed while no host ran it, and its overdue slot when
+/// that could not start within `starting_deadline`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Misfire {
+    /// None of them runs; each is logged as skipped. Without a `starting_deadline`, the
+    /// overdue slot still runs, late (the behaviour before this setting existed).
+    Skip,
+    /// One run stands for all of them.
+    FireOnce,
+    /// One run per missed slot, oldest first, one at a time, at most `catch_up_limit`
+    /// of them and none older than `catch_up_window`; the rest are logged as skipped.
+    FireAll,
+}
+
+/// What becomes of a slot that comes while the timer's previous run is still going.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Overlap {
+    /// It is logged as skipped (a timer never runs twice at once).
+    Skip,
+    /// The last such slot runs as soon as the run ends; any others are skipped.
+    BufferOne,
+}
+
+/// A timer's run policy: misfires, overlaps, the starting deadline and the dates it
+/// never fires on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TimerPolicy {
+    pub(crate) misfire: Misfire,
+    pub(crate) catch_up_limit: u32,
+    /// 0: no window.
+    pub(crate) catch_up_window_ms: u64,
+    pub(crate) overlap: Overlap,
+    /// 0: no deadline.
+    pub(crate) starting_deadline_ms: u64,
+    /// Dates (in the timer's zone) on which it does not fire.
+    pub(crate) exclude_dates: std::collections::BTreeSet<chrono::NaiveDate>,
+}
+
+/// `catch_up_limit` when none is given, and the most it may be.
+const DEFAULT_CATCH_UP_LIMIT: u32 = 100;
+const MAX_CATCH_UP_LIMIT: u32 = 1000;
+/// Most `exclude_dates` one timer has.
+const MAX_EXCLUDE_DATES: usize = 1000;
+/// Longest starting_deadline and catch_up_window.
+const MAX_POLICY_DURATION_MS: u64 = 366 * 86_400_000;
+
+impl Default for TimerPolicy {
+    fn default() -> Self {
+        TimerPolicy {
+            misfire: Misfire::Skip,
+            catch_up_limit: DEFAULT_CATCH_UP_LIMIT,
+            catch_up_window_ms: 0,
+            overlap: Overlap::Skip,
+            starting_deadline_ms: 0,
+            exclude_dates: Default::default(),
+        }
+    }
+}
+
+impl TimerPolicy {
+    fn misfire_word(&self) -> &'static str {
+        match self.misfire {
+            Misfire::Skip => "skip",
+            Misfire::FireOnce => "fire_once",
+            Misfire::FireAll => "fire_all",
+        }
+    }
+
+    fn overlap_word(&self) -> &'static str {
+        match self.overlap {
+            Overlap::Skip => "skip",
+            Overlap::BufferOne => "buffer_one",
+        }
+    }
+
+    /// How late a slot's first attempt may start before the run is skipped instead, if
+    /// ever: the deadline for `skip`, the catch-up window for `fire_all`; `fire_once`
+    /// runs its overdue slot however late, as the one run for what was missed.
+    pub(crate) fn skip_if_late_ms(&self) -> Option<u64> {
+        let some = |ms: u64| (ms > 0).then_some(ms);
+        match self.misfire {
+            Misfire::Skip => some(self.starting_deadline_ms),
+            Misfire::FireOnce => None,
+            Misfire::FireAll => some(self.catch_up_window_ms),
+        }
+    }
+
+    fn fields(&self) -> Vec<(String, String)> {
+        let dates: Vec<String> = self.exclude_dates.iter().map(|d| d.to_string()).collect();
+        [
+            ("misfire", self.misfire_word().to_string()),
+            ("catch_up_limit", self.catch_up_limit.to_string()),
+            ("catch_up_window_ms", self.catch_up_window_ms.to_string()),
+            ("overlap", self.overlap_word().to_string()),
+            (
+                "starting_deadline_ms",
+                self.starting_deadline_ms.to_string(),
+            ),
+            ("exclude_dates", dates.join(",")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect()
+    }
+
+    /// The policy stored in a timer hash; the defaults for what a timer made before
+    /// these settings lacks.
+    pub(crate) fn from_hash(h: &HashMap<String, String>) -> TimerPolicy {
+        let d = TimerPolicy::default();
+        let num = |k: &str| h.get(k).and_then(|v| v.parse::<u64>().ok());
+        TimerPolicy {
+            misfire: match h.get("misfire").map(String::as_str) {
+                Some("fire_once") => Misfire::FireOnce,
+                Some("fire_all") => Misfire::FireAll,
+                _ => Misfire::Skip,
+            },
+            catch_up_limit: num("catch_up_limit")
+                .map(|n| n as u32)
+                .unwrap_or(d.catch_up_limit),
+            catch_up_window_ms: num("catch_up_window_ms").unwrap_or(0),
+            overlap: match h.get("overlap").map(String::as_str) {
+                Some("buffer_one") => Overlap::BufferOne,
+                _ => Overlap::Skip,
+            },
+            starting_deadline_ms: num("starting_deadline_ms").unwrap_or(0),
+            exclude_dates: h
+                .get("exclude_dates")
+                .map(|t| t.split(',').filter_map(|d| d.parse().ok()).collect())
+                .unwrap_or_default(),
+        }
+    }
+
+    fn json(&self) -> Value {
+        let secs = |ms: u64| (ms > 0).then(|| ms as f64 / 1000.0);
+        json!({
+            "misfire": self.misfire_word(),
+            "catch_up_limit": self.catch_up_limit,
+            "catch_up_window": secs(self.catch_up_window_ms),
+            "overlap": self.overlap_word(),
+            "starting_deadline": secs(self.starting_deadline_ms),
+            "exclude_dates": self.exclude_dates.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+        })
+    }
+}
+
+/// A schedule in its zone, less the excluded dates: the fire times a timer makes.
+pub(crate) struct Calendar<'a> {
+    pub(crate) schedule: &'a Schedule,
+    pub(crate) timezone: Tz,
+    pub(crate) exclude: &'a std::collections::BTreeSet<chrono::NaiveDate>,
+}
+
+/// Fire times skipped over at most while looking past excluded dates.
+const MAX_EXCLUDED_SKIPS: usize = 100_000;
+
+impl Calendar<'_> {
+    fn excluded(&self, ms: i64) -> bool {
+        !self.exclude.is_empty()
+            && chrono::DateTime::from_timestamp_millis(ms).is_some_and(|t| {
+                self.exclude
+                    .contains(&t.with_timezone(&self.timezone).date_naive())
+            })
+    }
+
+    /// The first fire time strictly after `after_ms` not on an excluded date.
+    pub(crate) fn next_after(&self, after_ms: i64) -> Option<i64> {
+        let mut at = after_ms;
+        for _ in 0..MAX_EXCLUDED_SKIPS {
+            let next = self.schedule.next_after(at, self.timezone)?;
+            if !self.excluded(next) {
+                return Some(next);
+            }
+            at = next;
+        }
+        None
+    }
+
+    /// The next `n` fire times after `after_ms`.
+    pub(crate) fn preview(&self, after_ms: i64, n: usize) -> Vec<i64> {
+        crate::schedule::preview(|at| self.next_after(at), after_ms, n)
+    }
+
+    /// Fire times in `(from_ms, to_ms]`, at most `cap`, and whether there were more.
+    fn between(&self, from_ms: i64, to_ms: i64, cap: usize) -> (Vec<i64>, bool) {
+        crate::schedule::between(|at| self.next_after(at), from_ms, to_ms, cap)
+    }
 }
 
 /// A timer's definition as stored.
 #[derive(Debug, Clone)]
-struct TimerDef {
-    schedule_text: String,
-    schedule: Schedule,
-    timezone: Tz,
-    action: Action,
-    priority: u8,
-    timeout_ms: Option<u64>,
-    retries: u32,
-    active: bool,
+pub(crate) struct TimerDef {
+    pub(crate) schedule_text: String,
+    pub(crate) schedule: Schedule,
+    pub(crate) timezone: Tz,
+    pub(crate) action: Action,
+    pub(crate) priority: u8,
+    pub(crate) timeout_ms: Option<u64>,
+    pub(crate) retries: u32,
+    pub(crate) active: bool,
+    pub(crate) policy: TimerPolicy,
 }
 
 impl TimerDef {
-    fn from_hash(name: &str, h: &HashMap<String, String>) -> Result<TimerDef, ApiError> {
+    /// A timer with the defaults of a new one, for the parser fuzz tests.
+    #[cfg(test)]
+    pub(crate) fn for_fuzzing() -> TimerDef {
+        TimerDef {
+            schedule_text: String::new(),
+            schedule: Schedule::TimesOfDay(Vec::new()),
+            timezone: chrono_tz::UTC,
+            action: serde_json::from_value(json!({"path": "/x", "method": "POST"}))
+                .expect("an action"),
+            priority: DEFAULT_PRIORITY,
+            timeout_ms: None,
+            retries: DEFAULT_TIMER_RETRIES,
+            active: true,
+            policy: TimerPolicy::default(),
+        }
+    }
+
+    pub(crate) fn from_hash(name: &str, h: &HashMap<String, String>) -> Result<TimerDef, ApiError> {
         let broken =
             |what: &str| ApiError::unavailable(format!("timer `{name}`: stored {what} unreadable"));
         let schedule_text = h
@@ -106,7 +344,8 @@ impl TimerDef {
             .cloned()
             .ok_or_else(|| broken("schedule"))?;
         Ok(TimerDef {
-            schedule: Schedule::parse(&schedule_text).map_err(|_| broken("schedule"))?,
+            schedule: Schedule::parse_stored(&schedule_text, h.get("dialect").map(String::as_str))
+                .map_err(|_| broken("schedule"))?,
             schedule_text,
             timezone: h
                 .get("timezone")
@@ -126,12 +365,14 @@ impl TimerDef {
                 .and_then(|r| r.parse().ok())
                 .unwrap_or(DEFAULT_TIMER_RETRIES),
             active: h.get("active").map(String::as_str) == Some("1"),
+            policy: TimerPolicy::from_hash(h),
         })
     }
 
-    fn fields(&self) -> Vec<(String, String)> {
+    pub(crate) fn fields(&self) -> Vec<(String, String)> {
         let mut f = vec![
             ("schedule".to_string(), self.schedule_text.clone()),
+            ("dialect".to_string(), DIALECT.to_string()),
             ("timezone".to_string(), self.timezone.name().to_string()),
             ("action".to_string(), self.action_json()),
             ("priority".to_string(), self.priority.to_string()),
@@ -144,43 +385,58 @@ impl TimerDef {
         if let Some(t) = self.timeout_ms {
             f.push(("timeout_ms".to_string(), t.to_string()));
         }
+        f.extend(self.policy.fields());
         f
     }
 
-    fn action_json(&self) -> String {
+    /// The policy as `GET /timers/{name}` shows it.
+    pub(crate) fn policy_json(&self) -> Value {
+        self.policy.json()
+    }
+
+    pub(crate) fn calendar(&self) -> Calendar<'_> {
+        Calendar {
+            schedule: &self.schedule,
+            timezone: self.timezone,
+            exclude: &self.policy.exclude_dates,
+        }
+    }
+
+    pub(crate) fn action_json(&self) -> String {
         serde_json::to_string(&self.action).expect("actions serialize")
     }
 
-    fn opts_json(&self) -> String {
+    pub(crate) fn opts_json(&self) -> String {
         serde_json::to_string(&RunOpts {
             priority: Some(self.priority),
             retries: Some(self.retries),
             timeout_ms: self.timeout_ms,
+            skip_if_late_ms: self.policy.skip_if_late_ms(),
         })
         .expect("opts serialize")
     }
 
-    fn next_after(&self, after_ms: i64) -> Option<i64> {
-        self.schedule.next_after(after_ms, self.timezone)
+    pub(crate) fn next_after(&self, after_ms: i64) -> Option<i64> {
+        self.calendar().next_after(after_ms)
     }
 }
 
-fn parse_body(body: &[u8]) -> Result<TimerBody, ApiError> {
+pub(crate) fn parse_body(body: &[u8]) -> Result<TimerBody, ApiError> {
     let value: Value = serde_json::from_slice(body).map_err(|e| {
         ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
     })?;
-    serde_json::from_value(value).map_err(|e| {
-        ApiError::bad_request("invalid_body", format!("the timer body does not fit: {e}"))
-    })
+    serde_json::from_value(value)
+        .map_err(|e| crate::bookings::request::body_error("the timer body", "invalid_body", e))
 }
 
-/// Applies the body's fields to `base` (a new timer's defaults, or the stored timer).
-async fn apply(
-    app: &App,
+/// The body's fields other than the action, checked and applied to `def`; returns the
+/// `next_run` asked for (read in `tz`), if any.
+pub(crate) fn apply_settings(
     body: TimerBody,
-    mut def: TimerDef,
-    now_ms: i64,
-) -> Result<(TimerDef, Option<i64>), ApiError> {
+    def: &mut TimerDef,
+    tz: Tz,
+) -> Result<Option<i64>, ApiError> {
+    apply_policy(&body, &mut def.policy)?;
     if let Some(text) = body.schedule {
         def.schedule =
             Schedule::parse(&text).map_err(|e| ApiError::bad_request("invalid_schedule", e))?;
@@ -193,9 +449,6 @@ async fn apply(
                 format!("`{tz}` is not an IANA time zone such as Europe/London"),
             )
         })?;
-    }
-    if let Some(action) = body.action {
-        def.action = app.parse_action("action", &action, now_ms).await?;
     }
     if let Some(p) = body.priority {
         if !(1..=4).contains(&p) {
@@ -239,168 +492,86 @@ async fn apply(
     if let Some(a) = body.active {
         def.active = a;
     }
-    let next_run = body
-        .next_run
+    body.next_run
         .map(|t| {
-            crate::booking::parse_time(&t, app.config.timezone)
+            crate::bookings::request::parse_time(&t, tz)
                 .map(|t| t.timestamp_millis())
                 .map_err(|e| ApiError::bad_request("invalid_time", format!("next_run: {e}")))
         })
-        .transpose()?;
-    Ok((def, next_run))
+        .transpose()
 }
 
-fn not_found(name: &str) -> ApiError {
-    ApiError::not_found(format!("no timer `{name}`"))
-}
-
-async fn create_timer(
-    State(app): State<Shared>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let body = body_bytes(body, app.config.max_body_bytes)?;
-    let body = parse_body(&body)?;
-    let name = body
-        .name
-        .clone()
-        .ok_or_else(|| ApiError::bad_request("missing_field", "name is required"))?;
-    check_name("timer name", &name, 100)?;
-    if body.schedule.is_none() {
+/// A policy duration: seconds or a string such as `"10m"`, 0 for none.
+fn policy_duration(field: &str, value: &Value) -> Result<u64, ApiError> {
+    let d = crate::bookings::request::parse_duration_value(field, value)?;
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if ms > MAX_POLICY_DURATION_MS {
         return Err(ApiError::bad_request(
-            "missing_field",
-            "schedule is required",
+            "invalid_duration",
+            format!("{field} must be at most 366 days (0 for none)"),
         ));
     }
-    let Some(action) = body.action.clone() else {
-        return Err(ApiError::bad_request("missing_field", "action is required"));
-    };
-    let now_ms = app.clock.now_ms();
-    let base = TimerDef {
-        schedule_text: String::new(),
-        schedule: Schedule::TimesOfDay(Vec::new()),
-        timezone: app.config.timezone,
-        action: app.parse_action("action", &action, now_ms).await?,
-        priority: DEFAULT_PRIORITY,
-        timeout_ms: None,
-        retries: DEFAULT_TIMER_RETRIES,
-        active: true,
-    };
-    let (def, next_run) = apply(&app, body, base, now_ms).await?;
-    let next = match (def.active, next_run) {
-        (false, _) => NextRun::Nothing,
-        (true, Some(ms)) => NextRun::At(ms, store::rfc3339(ms, def.timezone)),
-        (true, None) => match def.next_after(now_ms) {
-            Some(ms) => NextRun::At(ms, store::rfc3339(ms, def.timezone)),
-            None => NextRun::Nothing,
-        },
-    };
-    let mut fields = def.fields();
-    fields.push((
-        "created_at".into(),
-        store::rfc3339(now_ms, app.config.timezone),
-    ));
-    match app
-        .store
-        .timer_put(
-            &name,
-            true,
-            "",
-            &next,
-            false,
-            &def.action_json(),
-            &def.opts_json(),
-            now_ms,
-            app.notify_before_ms(now_ms),
-            &fields,
-        )
-        .await?
-    {
-        TimerPut::Ok(_) => {}
-        TimerPut::Duplicate => {
-            return Err(ApiError::conflict(
-                "duplicate_timer",
-                format!("a timer named `{name}` exists; PATCH it or DELETE it first"),
-            ))
-        }
-        other => {
-            return Err(ApiError::unavailable(format!(
-                "unexpected reply from timer_put: {other:?}"
-            )))
-        }
-    }
-    tracing::info!(timer = %name, schedule = %def.schedule_text, "timer created");
-    view(&app, &name, DEFAULT_PREVIEW).await
+    Ok(ms)
 }
 
-/// Changes a timer with optimistic concurrency on its `version`. `change` edits the body
-/// given, `activate` is Some for the activate/deactivate routes.
-async fn update(app: &App, name: &str, body: TimerBody) -> Result<Json<Value>, ApiError> {
-    check_name("timer name", name, 100)?;
-    if body.name.as_deref().is_some_and(|n| n != name) {
-        return Err(ApiError::bad_request(
-            "invalid_body",
-            "a timer's name cannot change",
-        ));
+fn apply_policy(body: &TimerBody, p: &mut TimerPolicy) -> Result<(), ApiError> {
+    let bad = |message: String| ApiError::bad_request("invalid_timer_policy", message);
+    if let Some(m) = &body.misfire {
+        p.misfire = match m.as_str() {
+            "skip" => Misfire::Skip,
+            "fire_once" => Misfire::FireOnce,
+            "fire_all" => Misfire::FireAll,
+            other => {
+                return Err(bad(format!(
+                    "misfire `{other}` is not skip, fire_once or fire_all"
+                )))
+            }
+        };
     }
-    for _ in 0..5 {
-        let Some((hash, _plan)) = app.store.timer_load(name).await? else {
-            return Err(not_found(name));
-        };
-        let version = hash.get("version").cloned().unwrap_or_else(|| "0".into());
-        let current = TimerDef::from_hash(name, &hash)?;
-        let now_ms = app.clock.now_ms();
-        let body = TimerBody {
-            name: None,
-            schedule: body.schedule.clone(),
-            timezone: body.timezone.clone(),
-            action: body.action.clone(),
-            priority: body.priority,
-            timeout: body.timeout.clone(),
-            retries: body.retries,
-            active: body.active,
-            next_run: body.next_run.clone(),
-        };
-        let (def, next_run) = apply(app, body, current.clone(), now_ms).await?;
-        let moved = def.schedule_text != current.schedule_text
-            || def.timezone != current.timezone
-            || (def.active && !current.active);
-        let next = match (def.active, next_run) {
-            (false, _) => NextRun::Nothing,
-            (true, Some(ms)) => NextRun::At(ms, store::rfc3339(ms, def.timezone)),
-            (true, None) if moved => match def.next_after(now_ms) {
-                Some(ms) => NextRun::At(ms, store::rfc3339(ms, def.timezone)),
-                None => NextRun::Nothing,
-            },
-            (true, None) => NextRun::Keep,
-        };
-        match app
-            .store
-            .timer_put(
-                name,
-                false,
-                &version,
-                &next,
-                next_run.is_some(),
-                &def.action_json(),
-                &def.opts_json(),
-                now_ms,
-                app.notify_before_ms(now_ms),
-                &def.fields(),
-            )
-            .await?
-        {
-            TimerPut::Ok(_) => return view(app, name, DEFAULT_PREVIEW).await,
-            TimerPut::Missing => return Err(not_found(name)),
-            _ => continue,
+    if let Some(n) = body.catch_up_limit {
+        if !(1..=MAX_CATCH_UP_LIMIT).contains(&n) {
+            return Err(bad(format!(
+                "catch_up_limit must be 1 to {MAX_CATCH_UP_LIMIT}"
+            )));
         }
+        p.catch_up_limit = n;
     }
-    Err(ApiError::conflict(
-        "concurrent_change",
-        "the timer kept changing while this change was applied; try again",
-    ))
+    if let Some(v) = &body.catch_up_window {
+        p.catch_up_window_ms = policy_duration("catch_up_window", v)?;
+    }
+    if let Some(o) = &body.overlap {
+        p.overlap = match o.as_str() {
+            "skip" => Overlap::Skip,
+            "buffer_one" => Overlap::BufferOne,
+            "cancel_running" => {
+                return Err(bad(
+                    "overlap `cancel_running` is not supported yet: use skip or buffer_one".into(),
+                ))
+            }
+            other => return Err(bad(format!("overlap `{other}` is not skip or buffer_one"))),
+        };
+    }
+    if let Some(v) = &body.starting_deadline {
+        p.starting_deadline_ms = policy_duration("starting_deadline", v)?;
+    }
+    if let Some(dates) = &body.exclude_dates {
+        if dates.len() > MAX_EXCLUDE_DATES {
+            return Err(bad(format!(
+                "exclude_dates holds at most {MAX_EXCLUDE_DATES} dates"
+            )));
+        }
+        p.exclude_dates = dates
+            .iter()
+            .map(|d| {
+                chrono::NaiveDate::parse_from_str(d, "%Y-%m-%d")
+                    .map_err(|_| bad(format!("exclude_dates: `{d}` is not a date YYYY-MM-DD")))
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    Ok(())
 }
 
-fn empty_body() -> TimerBody {
+pub(crate) fn empty_body() -> TimerBody {
     TimerBody {
         name: None,
         schedule: None,
@@ -411,227 +582,41 @@ fn empty_body() -> TimerBody {
         retries: None,
         active: None,
         next_run: None,
+        misfire: None,
+        catch_up_limit: None,
+        catch_up_window: None,
+        overlap: None,
+        starting_deadline: None,
+        exclude_dates: None,
     }
-}
-
-async fn patch_timer(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<Value>, ApiError> {
-    let body = body_bytes(body, app.config.max_body_bytes)?;
-    update(&app, &name, parse_body(&body)?).await
-}
-
-async fn set_active(app: &App, name: &str, active: bool) -> Result<Json<Value>, ApiError> {
-    let body = TimerBody {
-        active: Some(active),
-        ..empty_body()
-    };
-    update(app, name, body).await
-}
-
-async fn activate_timer(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    set_active(&app, &name, true).await
-}
-
-async fn deactivate_timer(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    set_active(&app, &name, false).await
-}
-
-async fn run_timer(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    check_name("timer name", &name, 100)?;
-    let now_ms = app.clock.now_ms();
-    let reply = app
-        .store
-        .timer_run_now(&name, now_ms, app.notify_before_ms(now_ms))
-        .await?;
-    match reply.as_str() {
-        "ok" => Ok(Json(json!({
-            "name": name,
-            "run_at": store::rfc3339(now_ms, app.config.timezone),
-            "run_at_ms": now_ms,
-        }))),
-        "running" => Err(ApiError::conflict(
-            "timer_running",
-            format!("timer `{name}` is running now; a timer never runs twice at once, try again when it returns"),
-        )),
-        _ => Err(not_found(&name)),
-    }
-}
-
-async fn delete_timer(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
-    check_name("timer name", &name, 100)?;
-    if app.store.timer_delete(&name).await? {
-        Ok(Json(json!({"name": name, "deleted": true})))
-    } else {
-        Err(not_found(&name))
-    }
-}
-
-async fn show_timer(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
-    let preview =
-        match query.get("preview") {
-            None => DEFAULT_PREVIEW,
-            Some(n) => n.parse().ok().filter(|n| *n <= 100).ok_or_else(|| {
-                ApiError::bad_request("invalid_query", "preview must be 0 to 100")
-            })?,
-        };
-    view(&app, &name, preview).await
-}
-
-async fn list_timers(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
-    let now_ms = app.clock.now_ms();
-    let items: Vec<Value> = app
-        .store
-        .timer_list()
-        .await?
-        .into_iter()
-        .map(|(name, hash, plan)| timer_json(&app, &name, &hash, &plan, now_ms, 0))
-        .collect();
-    Ok(Json(json!({"items": items})))
-}
-
-async fn timer_runs(
-    State(app): State<Shared>,
-    Path(name): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
-) -> Result<Json<Value>, ApiError> {
-    check_name("timer name", &name, 100)?;
-    let limit = query
-        .get("limit")
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(50usize)
-        .clamp(1, store::TIMER_RUNS_KEPT);
-    if app.store.timer_load(&name).await?.is_none() {
-        return Err(not_found(&name));
-    }
-    let tz = app.config.timezone;
-    let items: Vec<Value> = app
-        .store
-        .timer_runs(&name, limit)
-        .await?
-        .into_iter()
-        .map(|mut r| {
-            for (ms_field, text_field) in [
-                ("should_run_at", "should_run_at_time"),
-                ("started_at", "started_at_time"),
-            ] {
-                if let Some(ms) = r.get(ms_field).and_then(Value::as_i64) {
-                    r[text_field] = Value::String(store::rfc3339(ms, tz));
-                }
-            }
-            r
-        })
-        .collect();
-    Ok(Json(json!({"name": name, "items": items})))
-}
-
-async fn view(app: &App, name: &str, preview: usize) -> Result<Json<Value>, ApiError> {
-    check_name("timer name", name, 100)?;
-    let Some((hash, plan)) = app.store.timer_load(name).await? else {
-        return Err(not_found(name));
-    };
-    Ok(Json(timer_json(
-        app,
-        name,
-        &hash,
-        &plan,
-        app.clock.now_ms(),
-        preview,
-    )))
-}
-
-fn timer_json(
-    app: &App,
-    name: &str,
-    hash: &HashMap<String, String>,
-    plan: &HashMap<String, String>,
-    now_ms: i64,
-    preview: usize,
-) -> Value {
-    let text = |k: &str| {
-        hash.get(k)
-            .cloned()
-            .map(Value::String)
-            .unwrap_or(Value::Null)
-    };
-    let num = |k: &str| {
-        hash.get(k)
-            .and_then(|v| v.parse::<i64>().ok())
-            .map(Value::from)
-            .unwrap_or(Value::Null)
-    };
-    let mut out = json!({
-        "name": name,
-        "schedule": text("schedule"),
-        "timezone": text("timezone"),
-        "action": hash.get("action").and_then(|a| serde_json::from_str::<Value>(a).ok()),
-        "priority": num("priority"),
-        "timeout_ms": num("timeout_ms"),
-        "retries": num("retries"),
-        "active": hash.get("active").map(String::as_str) == Some("1"),
-        "state": plan.get("state").cloned().unwrap_or_else(|| "Inactive".into()),
-        "next_run": text("next_run"),
-        "next_run_ms": num("next_run_ms"),
-        "last_run_at_ms": num("last_run_at_ms"),
-        "last_outcome": text("last_outcome"),
-        "created_at": text("created_at"),
-        "version": num("version"),
-    });
-    if preview > 0 {
-        if let Ok(def) = TimerDef::from_hash(name, hash) {
-            let times = if def.active {
-                def.schedule.preview(now_ms, def.timezone, preview)
-            } else {
-                Vec::new()
-            };
-            out["preview"] = times
-                .iter()
-                .map(|ms| Value::String(store::rfc3339(*ms, def.timezone)))
-                .collect();
-            out["preview_ms"] = times.into_iter().map(Value::from).collect();
-        }
-    }
-    let _ = app;
-    out
 }
 
 impl Engine {
-    /// Records one finished timer run and schedules its next slot (or its retry).
-    pub(crate) async fn record_timer(&self, run: FinishedRun) {
+    /// Records one finished timer run and schedules what follows: its retry, or under the
+    /// timer's policy a catch-up run of a missed slot, a buffered overlapping slot, or
+    /// the next slot; the slots passed over are logged as skipped.
+    pub(crate) async fn record_timer(&self, mut run: FinishedRun) {
         let Some(Owner::Timer(name)) = run.plan.owner() else {
             return;
         };
         let name = name.to_string();
+        self.attach_callback(&mut run);
         for _ in 0..5 {
             let loaded = self
                 .retry_store("timer", || self.store.timer_for_finish(&name))
                 .await;
             let Some(loaded) = loaded else { return };
             let now_ms = self.clock.now_ms();
-            let record = store::run_record_json(&self.host_id, "timer", &run.record);
+            let mut run_record = run.record.clone();
+            let mut next_slot_ms = None;
+            let mut catch_up_runs = 0;
             let (version, next, skips, outcome) = match loaded {
                 None => (String::new(), None, Vec::new(), "done"),
-                Some((schedule, timezone, version, slot_ms)) => {
-                    let tz: Tz = timezone.parse().unwrap_or(chrono_tz::UTC);
-                    let schedule = Schedule::parse(&schedule).ok();
+                Some(slot) => {
+                    let tz: Tz = slot.timezone.parse().unwrap_or(chrono_tz::UTC);
+                    let schedule =
+                        Schedule::parse_stored(&slot.schedule, slot.dialect.as_deref()).ok();
+                    let version = slot.version.clone();
                     match (run.outcome.clone(), schedule) {
                         (RunOutcome::Retry { next_ms }, _) => (
                             version,
@@ -640,7 +625,12 @@ impl Engine {
                             "retry",
                         ),
                         (outcome, Some(schedule)) => {
-                            let slot_ms = slot_ms.unwrap_or(run.record.should_run_at_ms);
+                            let slot_ms = slot.slot_ms.unwrap_or(run.record.should_run_at_ms);
+                            if run.record.attempt == 1 {
+                                // A catch-up or buffered run fired later than its slot: its
+                                // history names the slot it stood for.
+                                run_record.should_run_at_ms = slot_ms;
+                            }
                             // After retries, the slot's run began before this attempt:
                             // every slot since it came while that run was still going.
                             let run_began_ms = if run.record.attempt > 1 {
@@ -648,36 +638,47 @@ impl Engine {
                             } else {
                                 run.record.started_at_ms
                             };
-                            let skips = self.skip_records(
+                            let policy = TimerPolicy::from_hash(&slot.policy);
+                            let calendar = Calendar {
+                                schedule: &schedule,
+                                timezone: tz,
+                                exclude: &policy.exclude_dates,
+                            };
+                            let plan = self.plan_after_run(
                                 &name,
-                                &schedule,
-                                tz,
+                                &calendar,
+                                &policy,
+                                slot.catch_up_runs,
                                 slot_ms,
                                 run_began_ms,
                                 now_ms,
                             );
-                            let next = schedule
-                                .next_after(now_ms, tz)
-                                .map(|ms| (ms, store::rfc3339(ms, tz)));
-                            let word = if outcome == RunOutcome::Done {
-                                "done"
-                            } else {
-                                "failed"
+                            next_slot_ms = plan.next_slot_ms;
+                            catch_up_runs = plan.catch_up_runs;
+                            let next = plan.next_ms.map(|ms| (ms, store::rfc3339(ms, tz)));
+                            let word = match (outcome, run.record.outcome) {
+                                (_, "skipped") => "skipped",
+                                (RunOutcome::Done, _) => "done",
+                                _ => "failed",
                             };
-                            (version, next, skips, word)
+                            (version, next, plan.skips, word)
                         }
                         (_, None) => (version, None, Vec::new(), "failed"),
                     }
                 }
             };
+            let record = store::run_record_json(&self.host_id, "timer", &run_record);
             let finish = TimerFinish {
                 name: &name,
                 claim: &run.plan.claim,
                 outcome,
                 next,
+                next_slot_ms,
+                catch_up_runs,
                 version: &version,
                 record: record.to_string(),
                 skips,
+                callback: run.callback.clone(),
             };
             let notify_before = self.notify_before_ms();
             let reply = self
@@ -697,51 +698,140 @@ impl Engine {
         }
     }
 
-    /// Skip records for the slots in `(slot_ms, now_ms]`: those before the run began were
-    /// missed (no host ran the timer then), those after came while it was running.
-    fn skip_records(
+    /// What follows a run of `slot_ms` that began at `run_began_ms` (see [`AfterRun`]).
+    /// The slots in `(slot_ms, run_began_ms]` came while no host ran the timer (missed);
+    /// those in `(run_began_ms, now_ms]` while the run was going (overlapping).
+    #[allow(clippy::too_many_arguments)]
+    fn plan_after_run(
         &self,
         name: &str,
-        schedule: &Schedule,
-        tz: Tz,
+        calendar: &Calendar,
+        policy: &TimerPolicy,
+        catch_up_runs: u32,
         slot_ms: i64,
         run_began_ms: i64,
         now_ms: i64,
-    ) -> Vec<String> {
-        let (slots, more) = schedule.between(slot_ms, now_ms, tz, MAX_SKIPS_COUNTED);
-        let (missed, overlapped): (Vec<i64>, Vec<i64>) =
-            slots.into_iter().partition(|s| *s < run_began_ms);
-        let mut out = Vec::new();
-        for (slots, reason) in [
-            (
-                missed,
-                "missed: no host ran the timer at these times (down or busy); it ran once for them",
-            ),
-            (
-                overlapped,
-                "the previous run was still going; a timer never runs twice at once",
-            ),
-        ] {
-            let (Some(first), Some(last)) = (slots.first(), slots.last()) else {
-                continue;
+    ) -> AfterRun {
+        let (missed, more_missed) = calendar.between(slot_ms, run_began_ms, MAX_SKIPS_COUNTED);
+        let mut skips = Vec::new();
+        if policy.misfire == Misfire::FireAll && !missed.is_empty() {
+            // This run was late (slots passed before it began): the first of the catch-up
+            // unless one is under way.
+            let late_runs = catch_up_runs.max(1);
+            let oldest_ok = match policy.catch_up_window_ms {
+                0 => i64::MIN,
+                w => now_ms - w as i64,
             };
-            tracing::info!(timer = %name, skipped = slots.len(), first_ms = first, reason, "timer slots skipped");
-            out.push(
-                json!({
-                    "plan": "timer",
-                    "outcome": "skipped",
-                    "should_run_at": first,
-                    "last_should_run_at": last,
-                    "skipped": slots.len(),
-                    "more": more,
-                    "host": self.host_id,
-                    "reason": reason,
-                    "started_at": now_ms,
-                    "duration_ms": 0,
-                })
-                .to_string(),
+            let (too_old, due): (Vec<i64>, Vec<i64>) = missed.iter().partition(|s| **s < oldest_ok);
+            self.skip_record(
+                &mut skips,
+                name,
+                &too_old,
+                false,
+                now_ms,
+                "missed, and older than the timer's catch_up_window",
             );
+            if let Some(first) = due.first() {
+                if late_runs < policy.catch_up_limit {
+                    // The rest are missed slots again after this one's run.
+                    return AfterRun {
+                        next_ms: Some(now_ms),
+                        next_slot_ms: Some(*first),
+                        catch_up_runs: late_runs + 1,
+                        skips,
+                    };
+                }
+                self.skip_record(
+                    &mut skips,
+                    name,
+                    &due,
+                    more_missed,
+                    now_ms,
+                    "missed, past the timer's catch_up_limit of late runs",
+                );
+            }
+        } else {
+            let reason = match policy.misfire {
+                Misfire::FireOnce => "missed: no host ran the timer at these times (down or busy); it ran once for them (misfire fire_once)",
+                _ => "missed: no host ran the timer at these times (down or busy); it ran once for them",
+            };
+            self.skip_record(&mut skips, name, &missed, more_missed, now_ms, reason);
         }
-        out
+        let (overlapped, more_overlapped) =
+            calendar.between(run_began_ms, now_ms, MAX_SKIPS_COUNTED);
+        if let (Overlap::BufferOne, Some(last)) = (policy.overlap, overlapped.last()) {
+            self.skip_record(
+                &mut skips,
+                name,
+                &overlapped[..overlapped.len() - 1],
+                false,
+                now_ms,
+                "the previous run was still going; one slot waited for it (overlap buffer_one)",
+            );
+            return AfterRun {
+                next_ms: Some(now_ms),
+                next_slot_ms: Some(*last),
+                catch_up_runs: 0,
+                skips,
+            };
+        }
+        self.skip_record(
+            &mut skips,
+            name,
+            &overlapped,
+            more_overlapped,
+            now_ms,
+            "the previous run was still going; a timer never runs twice at once",
+        );
+        AfterRun {
+            next_ms: calendar.next_after(now_ms),
+            next_slot_ms: None,
+            catch_up_runs: 0,
+            skips,
+        }
     }
+
+    /// One skip record for `slots` (none when empty), logged.
+    fn skip_record(
+        &self,
+        out: &mut Vec<String>,
+        name: &str,
+        slots: &[i64],
+        more: bool,
+        now_ms: i64,
+        reason: &str,
+    ) {
+        let (Some(first), Some(last)) = (slots.first(), slots.last()) else {
+            return;
+        };
+        tracing::info!(timer = %name, skipped = slots.len(), first_ms = first, reason, "timer slots skipped");
+        out.push(
+            json!({
+                "plan": "timer",
+                "outcome": "skipped",
+                "should_run_at": first,
+                "last_should_run_at": last,
+                "skipped": slots.len(),
+                "more": more,
+                "host": self.host_id,
+                "reason": reason,
+                "started_at": now_ms,
+                "duration_ms": 0,
+            })
+            .to_string(),
+        );
+    }
+}
+
+/// What a timer does after a run (`Engine::plan_after_run`).
+#[derive(Debug, PartialEq)]
+struct AfterRun {
+    /// When its Plan fires next (None: never again).
+    next_ms: Option<i64>,
+    /// The slot that run stands for, when not its fire time.
+    next_slot_ms: Option<i64>,
+    /// Late runs of a catch-up under way, the next one included (0: none).
+    catch_up_runs: u32,
+    /// Skip records to log.
+    skips: Vec<String>,
 }

@@ -20,9 +20,25 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde_json::Value;
 
+pub mod chaos;
+pub mod keys;
+
+pub use keys::Keyspace;
+
 static UNIQUE: AtomicU64 = AtomicU64::new(0);
 
 /// A port nobody listens on right now.
+/// A free port whose cluster bus port (port + 10000) is free too.
+fn free_cluster_port() -> u16 {
+    for _ in 0..100 {
+        let port = free_port();
+        if port <= 55_535 && TcpListener::bind(("127.0.0.1", port + 10_000)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free pair of ports (port, port + 10000) in 100 tries");
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -67,11 +83,34 @@ pub struct RedisServer {
     fsync: &'static str,
 }
 
+/// The directory of the fixtures kept in the repository (`tests/fixtures`).
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures")
+}
+
 impl RedisServer {
     /// A server that fsyncs its append-only file on every write, so that whatever it
     /// acknowledged survives a hard restart.
     pub fn start() -> RedisServer {
         Self::start_with_fsync("always")
+    }
+
+    /// A server holding the data of an RDB file (a keyspace written by an earlier
+    /// kairos, kept under `tests/fixtures`), then appending as `start()` does.
+    pub fn start_from_rdb(rdb: &Path) -> RedisServer {
+        let dir = TempDir::new("redis");
+        std::fs::copy(rdb, dir.0.join("dump.rdb")).expect("the RDB fixture is readable");
+        let mut server = RedisServer {
+            port: free_port(),
+            dir,
+            child: None,
+            fsync: "always",
+        };
+        // Redis loads dump.rdb only when it starts without an append-only file; the file
+        // is turned on once the data is in.
+        server.spawn_with(&["--appendonly", "no"]);
+        server.cli(&["CONFIG", "SET", "appendonly", "yes"]);
+        server
     }
 
     /// A server with `appendfsync` set to `fsync` (`everysec` is what `kairos serve` runs
@@ -89,6 +128,10 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) {
+        self.spawn_with(&["--appendonly", "yes"]);
+    }
+
+    fn spawn_with(&mut self, extra: &[&str]) {
         let child = Command::new("redis-server")
             .args([
                 "--port",
@@ -97,12 +140,11 @@ impl RedisServer {
                 "127.0.0.1",
                 "--save",
                 "",
-                "--appendonly",
-                "yes",
                 "--appendfsync",
                 self.fsync,
-                "--dir",
             ])
+            .args(extra)
+            .arg("--dir")
             .arg(&self.dir.0)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -126,12 +168,30 @@ impl RedisServer {
 
     /// Kills the server hard (SIGKILL) and starts it again on the same port and files.
     pub fn restart_hard(&mut self, down_for: Duration) {
+        self.kill_hard();
+        std::thread::sleep(down_for);
+        self.start_again();
+    }
+
+    /// SIGKILL, and waits for the process to be gone; `start_again` brings it back.
+    pub fn kill_hard(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
-        std::thread::sleep(down_for);
-        self.spawn();
+    }
+
+    /// Starts the server again on the same port and files (its append-only file is
+    /// replayed) and waits until it answers PING; a no-op while it runs.
+    pub fn start_again(&mut self) {
+        if self.child.is_none() {
+            self.spawn();
+        }
+    }
+
+    /// Whether this server's process runs (it may be killed by `kill_hard`).
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
     }
 
     /// Runs redis-cli against this server and returns its stdout (formatted as on a
@@ -157,6 +217,237 @@ impl RedisServer {
 impl Drop for RedisServer {
     fn drop(&mut self) {
         if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A local Redis Cluster of this test's own: `masters` masters with `replicas` replicas
+/// each, every node a redis-server on a free port (`--cluster-enabled yes`, append-only
+/// file fsynced always), joined by `redis-cli --cluster create`.
+pub struct RedisCluster {
+    pub ports: Vec<u16>,
+    children: HashMap<u16, Child>,
+    pub dir: TempDir,
+}
+
+impl RedisCluster {
+    pub fn start(masters: usize, replicas: usize) -> RedisCluster {
+        let dir = TempDir::new("cluster");
+        let n = masters * (1 + replicas);
+        let mut cluster = RedisCluster {
+            ports: Vec::new(),
+            children: HashMap::new(),
+            dir,
+        };
+        // A node needs its port and its cluster bus port (port + 10000) free; a port
+        // found free can still be taken before the node binds it, so a node that does
+        // not come up is tried again on other ports.
+        for _ in 0..n {
+            let port = (0..5)
+                .find_map(|_| {
+                    let port = free_cluster_port();
+                    cluster.try_spawn(port).then_some(port)
+                })
+                .expect("a cluster node starts on one of 5 pairs of free ports");
+            cluster.ports.push(port);
+        }
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for port in &cluster.ports {
+            create.arg(format!("127.0.0.1:{port}"));
+        }
+        let out = create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .output()
+            .expect("redis-cli runs");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        cluster.wait_ok(Duration::from_secs(20));
+        cluster
+    }
+
+    /// Starts a node on `port`; false (and nothing left running) if it did not answer
+    /// within 10 s.
+    fn try_spawn(&mut self, port: u16) -> bool {
+        let dir = self.dir.0.join(port.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        let child = Command::new("redis-server")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+            ])
+            .args(["--cluster-node-timeout", "1500"])
+            // A replica's first sync starts at once, not after the default 5 s wait.
+            .args(["--repl-diskless-sync-delay", "0"])
+            .args([
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--save",
+                "",
+            ])
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install -y redis-server)");
+        self.children.insert(port, child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !redis_ping(port) {
+            let exited = self
+                .children
+                .get_mut(&port)
+                .is_some_and(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited || Instant::now() >= deadline {
+                eprintln!("cluster node {port} did not start; trying other ports");
+                self.kill(port);
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
+    }
+
+    /// `redis+cluster://` with every node.
+    pub fn url(&self) -> String {
+        let nodes: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", nodes.join(","))
+    }
+
+    /// redis-cli against one node (`-c`: follows redirections).
+    pub fn cli(&self, port: u16, args: &[&str]) -> String {
+        let out = Command::new("redis-cli")
+            .args(["-c", "-p", &port.to_string()])
+            .args(args)
+            .output()
+            .expect("redis-cli runs");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits until every running node says `cluster_state:ok` and every replica is in
+    /// sync with its master (so that WAIT can count it).
+    pub fn wait_ok(&self, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let ok = self.children.keys().all(|p| {
+                let info = self.cli(*p, &["INFO", "replication"]);
+                let synced = if info.contains("role:master") {
+                    info.lines()
+                        .filter(|l| l.starts_with("slave"))
+                        .all(|l| l.contains("state=online"))
+                } else {
+                    info.contains("master_link_status:up")
+                };
+                synced
+                    && self
+                        .cli(*p, &["CLUSTER", "INFO"])
+                        .contains("cluster_state:ok")
+            });
+            if ok {
+                return;
+            }
+            assert!(Instant::now() < deadline, "the cluster did not become ok");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until a replica has taken over from the master at `victim` (killed): the
+    /// cluster is ok again with as many masters as before, `victim` not among them.
+    pub fn wait_failover(&self, victim: u16, masters: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        loop {
+            let now = self.masters();
+            let ok = now.len() == masters
+                && !now.contains(&victim)
+                && self.children.keys().all(|p| {
+                    self.cli(*p, &["CLUSTER", "INFO"])
+                        .contains("cluster_state:ok")
+                });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no replica took over from {victim}: masters {now:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The port of the master serving `slot`, as a running node sees it.
+    pub fn master_of(&self, slot: u16) -> u16 {
+        let any = *self.children.keys().next().expect("a node runs");
+        let nodes = self.cli(any, &["CLUSTER", "NODES"]);
+        for line in nodes.lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
+                continue;
+            }
+            let port: u16 = fields[1]
+                .split('@')
+                .next()
+                .and_then(|a| a.rsplit(':').next())
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            for range in &fields[8..] {
+                let (lo, hi) = match range.split_once('-') {
+                    Some((lo, hi)) => (lo.parse().unwrap_or(1), hi.parse().unwrap_or(0)),
+                    None => (range.parse().unwrap_or(1), range.parse().unwrap_or(0)),
+                };
+                if (lo..=hi).contains(&slot) {
+                    return port;
+                }
+            }
+        }
+        panic!("no master serves slot {slot}:\n{nodes}");
+    }
+
+    /// Masters now (ports), as a running node sees them.
+    pub fn masters(&self) -> Vec<u16> {
+        let any = *self.children.keys().next().expect("a node runs");
+        self.cli(any, &["CLUSTER", "NODES"])
+            .lines()
+            .filter(|l| l.contains("master") && !l.contains("fail"))
+            .filter_map(|l| {
+                l.split_whitespace()
+                    .nth(1)?
+                    .split('@')
+                    .next()?
+                    .rsplit(':')
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .collect()
+    }
+
+    /// SIGKILL of one node.
+    pub fn kill(&mut self, port: u16) {
+        if let Some(mut child) = self.children.remove(&port) {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for RedisCluster {
+    fn drop(&mut self) {
+        for (_, mut child) in self.children.drain() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -225,6 +516,28 @@ pub async fn upload_plugin(api: &Api, name: &str, crate_name: &str, query: &str)
     reply
 }
 
+/// Runs `kairos {args}` to its end; (exit code, stdout, stderr).
+pub fn kairos_command(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(kairos_bin())
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("kairos runs");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `kairos migrate` against `redis` (a keyspace written before shards); panics unless it
+/// succeeds, returns what it printed.
+pub fn migrate(redis: &RedisServer) -> String {
+    let (code, out, err) = kairos_command(&["migrate", "--redis-url", &redis.url()]);
+    assert_eq!(code, 0, "kairos migrate failed: {out}{err}");
+    out
+}
+
 /// A running `kairos serve` process.
 pub struct Host {
     pub addr: SocketAddr,
@@ -263,24 +576,52 @@ impl Host {
     }
 
     pub fn start_with_env(redis_url: &str, args: &[String], env: &[(&str, &str)]) -> Host {
-        Self::start_full(redis_url, args, env, &shared_data_dir())
+        Self::start_full(redis_url, args, env, &shared_data_dir(), None)
+    }
+
+    /// Starts a host with a host id of the test's choosing (a restart under the same id).
+    pub fn start_with_id(redis_url: &str, args: &[String], host_id: &str) -> Host {
+        Self::start_full(redis_url, args, &[], &shared_data_dir(), Some(host_id))
     }
 
     /// Starts a host whose data directory (and so compiled-plugin cache) is `data_dir`
     /// rather than the shared one, for tests that tamper with the cache.
     pub fn start_in(redis_url: &str, args: &[String], data_dir: &Path) -> Host {
-        Self::start_full(redis_url, args, &[], data_dir)
+        Self::start_full(redis_url, args, &[], data_dir, None)
     }
 
-    fn start_full(redis_url: &str, args: &[String], env: &[(&str, &str)], data_dir: &Path) -> Host {
+    fn start_full(
+        redis_url: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+        data_dir: &Path,
+        host_id: Option<&str>,
+    ) -> Host {
+        let n = UNIQUE.fetch_add(1, Ordering::Relaxed);
+        let host_id = host_id
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("test-host-{}-{n}", std::process::id()));
+        Self::start_as(&kairos_bin(), redis_url, args, env, data_dir, &host_id)
+    }
+
+    /// Starts the kairos binary `bin` as a host named `host_id` (`--host-id`): a
+    /// restarted host may come back under the name it had, as a real deployment's fixed
+    /// host names do, or under a new one.
+    pub fn start_as(
+        bin: &Path,
+        redis_url: &str,
+        args: &[String],
+        env: &[(&str, &str)],
+        data_dir: &Path,
+        host_id: &str,
+    ) -> Host {
         let port = free_port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let n = UNIQUE.fetch_add(1, Ordering::Relaxed);
-        let host_id = format!("test-host-{}-{n}", std::process::id());
+        let host_id = host_id.to_string();
         let logdir = TempDir::new("hostlog");
         let log = logdir.0.join("kairos.log");
         let logfile = std::fs::File::create(&log).unwrap();
-        let mut cmd = Command::new(kairos_bin());
+        let mut cmd = Command::new(bin);
         cmd.arg("serve")
             .args([
                 "--redis-url",
@@ -339,12 +680,50 @@ impl Host {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
+    /// The most memory the process has had resident (VmHWM, bytes).
+    pub fn peak_rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid().unwrap()))
+            .unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    }
+
     /// SIGKILL: no chance to hand anything back.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// The process id, while the process is ours to signal.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// Sends `signal` (a name `kill` accepts: `STOP`, `CONT`, `TERM`...) to the process;
+    /// returns whether it was delivered.
+    pub fn signal(&self, signal: &str) -> bool {
+        let Some(pid) = self.pid() else {
+            return false;
+        };
+        Command::new("kill")
+            .args([&format!("-{signal}"), &pid.to_string()])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false)
+    }
+
+    /// The exit status if the process has ended on its own (None while it runs or after
+    /// `kill9`/`terminate` took it).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
     }
 
     /// SIGTERM, then waits for the process to exit; returns whether it exited in time.
@@ -412,6 +791,18 @@ impl Api {
         body: Vec<u8>,
         headers: &[(&str, &str)],
     ) -> Reply {
+        let (status, _, body) = self.call(method, path, body, headers).await;
+        (status, body)
+    }
+
+    /// Like `raw`, with the answer's headers too.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+        headers: &[(&str, &str)],
+    ) -> (u16, hyper::HeaderMap, Value) {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(format!("{}{}", self.base, path));
@@ -434,11 +825,59 @@ impl Api {
             .await
             .expect("request reaches kairos");
         let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
         let bytes = resp.into_body().collect().await.unwrap().to_bytes();
         (
             status,
+            headers,
             serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         )
+    }
+
+    /// Like `raw`, but a connection error or no answer within `within` is an `Err` with
+    /// the reason instead of a panic: for clients that keep going while hosts or Redis
+    /// are being killed.
+    pub async fn try_raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+        within: Duration,
+    ) -> Result<Reply, String> {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{}{}", self.base, path));
+        if !body.is_empty() {
+            req = req.header("content-type", "application/json");
+        }
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| e.to_string())?;
+        let call = async {
+            let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
+            let status = resp.status().as_u16();
+            let bytes = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| e.to_string())?
+                .to_bytes();
+            Ok((
+                status,
+                serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+            ))
+        };
+        match tokio::time::timeout(within, call).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {within:?}")),
+        }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
     }
 
     pub async fn post(&self, path: &str, body: &Value) -> Reply {
@@ -455,6 +894,21 @@ impl Api {
     }
     pub async fn get(&self, path: &str) -> Reply {
         self.raw(Method::GET, path, Vec::new(), &[]).await
+    }
+    /// GET of a text answer (such as /metrics): status and body.
+    pub async fn text(&self, path: &str) -> (u16, String) {
+        let mut req = hyper::Request::builder().uri(format!("{}{}", self.base, path));
+        if let Some(t) = &self.token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let resp = self
+            .client
+            .request(req.body(Full::new(Bytes::new())).unwrap())
+            .await
+            .expect("request reaches kairos");
+        let status = resp.status().as_u16();
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&bytes).into_owned())
     }
     pub async fn delete(&self, path: &str) -> Reply {
         self.raw(Method::DELETE, path, Vec::new(), &[]).await
@@ -515,8 +969,12 @@ struct SinkState {
     /// Statuses to answer, in order; 200 once empty.
     script: Mutex<VecDeque<u16>>,
     delay: Mutex<Duration>,
+    /// `Retry-After` sent with every answer that is not a 2xx.
+    retry_after: Mutex<Option<String>>,
     /// Concurrent requests now and the most seen, per X-Kairos-Resource (or "").
     concurrent: Mutex<HashMap<String, (u32, u32)>>,
+    /// The same per Idempotency-Key: a Plan run twice at the same time shows as 2.
+    per_key: Mutex<HashMap<String, (u32, u32)>>,
 }
 
 /// A real HTTP server that records every request and answers scripted statuses.
@@ -524,6 +982,43 @@ struct SinkState {
 pub struct Sink {
     pub addr: SocketAddr,
     state: Arc<SinkState>,
+}
+
+/// One request under way at the sink, per resource and per Idempotency-Key.
+struct UnderWay {
+    state: Arc<SinkState>,
+    resource: String,
+    key: String,
+}
+
+impl UnderWay {
+    fn enter(state: &Arc<SinkState>, resource: String, key: String) -> UnderWay {
+        for (map, name) in [(&state.concurrent, &resource), (&state.per_key, &key)] {
+            let mut c = map.lock().unwrap();
+            let e = c.entry(name.clone()).or_default();
+            e.0 += 1;
+            e.1 = e.1.max(e.0);
+        }
+        UnderWay {
+            state: state.clone(),
+            resource,
+            key,
+        }
+    }
+}
+
+impl Drop for UnderWay {
+    fn drop(&mut self) {
+        let state = &self.state;
+        for (map, name) in [
+            (&state.concurrent, &self.resource),
+            (&state.per_key, &self.key),
+        ] {
+            if let Some(e) = map.lock().unwrap().get_mut(name) {
+                e.0 -= 1;
+            }
+        }
+    }
 }
 
 async fn sink_handler(
@@ -539,12 +1034,13 @@ async fn sink_handler(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_string();
-    {
-        let mut c = state.concurrent.lock().unwrap();
-        let e = c.entry(resource.clone()).or_default();
-        e.0 += 1;
-        e.1 = e.1.max(e.0);
-    }
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    // Counted out when the handler ends or is dropped (the caller went away mid-call).
+    let _under_way = UnderWay::enter(&state, resource, key);
     state.received.lock().unwrap().push(Received {
         at_ms,
         method: method.to_string(),
@@ -561,14 +1057,19 @@ async fn sink_handler(
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
     }
-    state
-        .concurrent
+    let retry_after = state
+        .retry_after
         .lock()
         .unwrap()
-        .get_mut(&resource)
-        .unwrap()
-        .0 -= 1;
-    (StatusCode::from_u16(status).unwrap(), "ok")
+        .clone()
+        .filter(|_| !(200..300).contains(&status));
+    let mut response = (StatusCode::from_u16(status).unwrap(), "ok").into_response();
+    if let Some(value) = retry_after {
+        response
+            .headers_mut()
+            .insert("retry-after", value.parse().unwrap());
+    }
+    response
 }
 
 impl Sink {
@@ -598,6 +1099,11 @@ impl Sink {
             .extend(statuses.iter().copied());
     }
 
+    /// Sends `Retry-After: {value}` with every answer that is not a 2xx (None: never).
+    pub fn set_retry_after(&self, value: Option<&str>) {
+        *self.state.retry_after.lock().unwrap() = value.map(str::to_string);
+    }
+
     pub fn set_delay(&self, delay: Duration) {
         *self.state.delay.lock().unwrap() = delay;
     }
@@ -622,6 +1128,18 @@ impl Sink {
             .get(resource)
             .map(|e| e.1)
             .unwrap_or(0)
+    }
+
+    /// Idempotency-Keys (Plans) that had two calls under way at the same time.
+    pub fn overlapping_runs(&self) -> Vec<String> {
+        self.state
+            .per_key
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(k, e)| !k.is_empty() && e.1 > 1)
+            .map(|(k, _)| k.clone())
+            .collect()
     }
 
     /// Waits until at least `n` requests arrived; panics after `within`.
@@ -674,6 +1192,46 @@ impl RedisServer {
             .query_async(&mut conn)
             .await
             .expect("ZCARD answers")
+    }
+
+    /// The keyspace kairos created here (its number of shards is in `kairos:meta`; 32
+    /// before any host has started).
+    pub async fn keyspace(&self) -> Keyspace {
+        let mut conn = self.conn().await;
+        let shards: Option<u32> = redis::cmd("HGET")
+            .arg("kairos:meta")
+            .arg("shards")
+            .query_async(&mut conn)
+            .await
+            .expect("HGET answers");
+        Keyspace::new(shards.unwrap_or(32))
+    }
+
+    /// ZCARD of the sorted set `rest` (such as `due`) added up over every shard.
+    pub async fn zcard_all(&self, rest: &str) -> i64 {
+        let mut total = 0;
+        for key in self.keyspace().await.every(rest) {
+            total += self.zcard(&key).await;
+        }
+        total
+    }
+
+    /// Plans held (claimed, Preset or Running) in the shards `host` owns.
+    pub async fn held_by(&self, host: &str) -> i64 {
+        let mut conn = self.conn().await;
+        let mut total = 0;
+        for k in self.keyspace().await.shards() {
+            let owner: Option<String> = redis::cmd("HGET")
+                .arg(k.owner())
+                .arg("host")
+                .query_async(&mut conn)
+                .await
+                .expect("HGET answers");
+            if owner.as_deref() == Some(host) {
+                total += self.zcard(&k.held()).await;
+            }
+        }
+        total
     }
 }
 

@@ -45,7 +45,10 @@ fn code(reply: &(u16, Value)) -> (u16, &str) {
 async fn key_count(redis: &RedisServer) -> usize {
     let mut conn = redis.conn().await;
     let keys: Vec<String> = conn.keys("kairos:*").await.unwrap();
-    keys.into_iter().filter(|k| k != "kairos:hosts").count()
+    // The hosts' own keys: what the keyspace is, who is alive, who owns which shard.
+    keys.into_iter()
+        .filter(|k| k != "kairos:hosts" && k != "kairos:meta" && !k.ends_with(":owner"))
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,9 +197,13 @@ async fn every_row_of_the_validation_table_refuses_and_stores_nothing() {
     // The original t6 is untouched by the refused duplicate.
     let (_, t6) = api.get("/schedules/t6").await;
     assert_eq!(t6["schedule_type"], "term");
+    // A Life whose resource puts it in another shard than its id's leaves a pointer in
+    // its id's home shard.
+    let ks = redis.keyspace().await;
+    let pointer = usize::from(ks.life("t8").index != ks.resource("conn-42").index);
     assert_eq!(
         key_count(&redis).await,
-        before + 3,
+        before + 3 + pointer,
         "t8 adds its life and 2 plans (the resource index exists); the refusals add nothing"
     );
 }
@@ -324,8 +331,10 @@ async fn routes_book_list_show_patch_and_cancel() {
     assert_eq!(moved["death_time"], "2030-01-02T02:00:00Z");
     assert_eq!(moved["plans"][1]["fire_at_ms"], 1_893_549_600_000i64);
     let mut conn = redis.conn().await;
+    let ks = redis.keyspace().await;
+    let even = ks.resource("even");
     let fire: String = conn
-        .hget("kairos:plan:l0:death", "fire_at_ms")
+        .hget(even.plan("l0:death"), "fire_at_ms")
         .await
         .unwrap();
     assert_eq!(fire, "1893549600000");
@@ -337,7 +346,7 @@ async fn routes_book_list_show_patch_and_cancel() {
         )
         .await;
     assert_eq!(status, 200);
-    let score: f64 = conn.zscore("kairos:due", "l0:birth").await.unwrap();
+    let score: f64 = conn.zscore(even.due(), "l0:birth").await.unwrap();
     assert_eq!(score as i64, 1_893_544_200_000);
     // A patch is validated as a whole: this one would make the term too short.
     assert_eq!(
@@ -372,7 +381,10 @@ async fn routes_book_list_show_patch_and_cancel() {
         (status, cancelled["state"].as_str()),
         (200, Some("Stillbirth"))
     );
-    let gone: Option<f64> = conn.zscore("kairos:due", "l1:birth").await.unwrap();
+    let gone: Option<f64> = conn
+        .zscore(ks.resource("odd").due(), "l1:birth")
+        .await
+        .unwrap();
     assert_eq!(gone, None);
     let (_, l1) = api.get("/schedules/l1").await;
     assert_eq!(l1["plans"][0]["state"], "Cancelled");
@@ -433,7 +445,11 @@ async fn tokens_and_scopes() {
 
     assert_eq!(anon.get("/healthz").await.0, 200, "healthz needs no token");
     assert_eq!(code(&anon.get("/schedules").await), (401, "unauthorized"));
-    assert_eq!(code(&anon.get("/readyz").await), (401, "unauthorized"));
+    assert_eq!(
+        anon.get("/readyz").await.0,
+        200,
+        "readyz needs no token (Kubernetes probes send none)"
+    );
     assert_eq!(
         code(&anon.with_token("guess").get("/schedules").await),
         (401, "unauthorized")
@@ -495,6 +511,135 @@ async fn refuses_an_open_non_loopback_listen_without_tokens() {
     );
 }
 
+/// Every change is in the audit log with the name of the token that made it (or a
+/// fingerprint, never the secret), its route and its answer; refused tokens too; reads
+/// are not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_are_audited_with_the_tokens_name() {
+    let redis = RedisServer::start();
+    let host = Host::start(
+        &redis.url(),
+        &flags(&["--api-tokens", "deployer@b00k-s3cret:book,r3ad-s3cret:read"]),
+    );
+    let api = Api::new(&host);
+    let booker = api.with_token("b00k-s3cret");
+    let reader = api.with_token("r3ad-s3cret");
+    assert_eq!(
+        booker
+            .post("/schedules", &point("audited", "2030-01-01 00:00:00"))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(reader.get("/schedules/audited").await.0, 200);
+    assert_eq!(
+        code(&reader.delete("/schedules/audited").await),
+        (403, "forbidden")
+    );
+    assert_eq!(api.with_token("guess").get("/schedules").await.0, 401);
+    assert_eq!(booker.delete("/schedules/audited").await.0, 200);
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let audit = loop {
+        let log = host.log_text();
+        let lines: Vec<String> = log
+            .lines()
+            .filter(|l| l.contains("kairos::audit"))
+            .map(str::to_string)
+            .collect();
+        if lines.len() >= 4 || std::time::Instant::now() > deadline {
+            break lines;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    assert_eq!(audit.len(), 4, "{audit:#?}");
+    let has = |i: usize, parts: &[&str]| {
+        assert!(
+            parts.iter().all(|p| audit[i].contains(p)),
+            "line {i} lacks {parts:?}: {}",
+            audit[i]
+        )
+    };
+    has(
+        0,
+        &[
+            "who=\"deployer\"",
+            "method=POST",
+            "path=\"/schedules\"",
+            "status=200",
+        ],
+    );
+    has(1, &["who=\"token-", "method=DELETE", "status=403"]);
+    has(2, &["who=\"unknown-token\"", "method=GET", "status=401"]);
+    has(
+        3,
+        &[
+            "who=\"deployer\"",
+            "method=DELETE",
+            "path=\"/schedules/audited\"",
+            "status=200",
+        ],
+    );
+    assert!(
+        !host.log_text().contains("s3cret"),
+        "a secret reached the log"
+    );
+}
+
+/// One HTTP/1.1 request on a fresh connection; the whole response as text (head and
+/// body), to read headers the JSON client does not return.
+fn http_exchange(host: &Host, path: &str, authorization: Option<&str>) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(host.addr).unwrap();
+    stream
+        .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
+    let auth = authorization
+        .map(|a| format!("Authorization: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: kairos\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    let _ = stream.read_to_string(&mut text);
+    text
+}
+
+/// RFC 7235: the auth scheme is case-insensitive; RFC 6750: a 401 carries a Bearer
+/// challenge. Each refusal says what was wrong with the header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bearer_scheme_is_case_insensitive_and_a_401_carries_its_challenge() {
+    let redis = RedisServer::start();
+    let host = Host::start(&redis.url(), &flags(&["--api-tokens", "r3ad:read"]));
+    for scheme in ["Bearer", "bearer", "BEARER"] {
+        let reply = http_exchange(&host, "/schedules", Some(&format!("{scheme} r3ad")));
+        assert!(reply.starts_with("HTTP/1.1 200"), "{scheme}: {reply}");
+    }
+    let cases = [
+        (None, "needs `Authorization: Bearer <token>`", false),
+        (Some("Basic cjNhZDo="), "uses the `Basic` scheme", false),
+        (Some("Bearer"), "no token", false),
+        (Some("bearer wrong"), "unknown API token", true),
+    ];
+    for (header, says, invalid_token) in cases {
+        let reply = http_exchange(&host, "/schedules", header);
+        let lower = reply.to_ascii_lowercase();
+        assert!(reply.starts_with("HTTP/1.1 401"), "{header:?}: {reply}");
+        assert!(reply.contains(says), "{header:?}: {reply}");
+        assert!(
+            lower.contains("www-authenticate: bearer realm=\"kairos\""),
+            "{header:?}: {reply}"
+        );
+        assert_eq!(
+            lower.contains("error=\"invalid_token\""),
+            invalid_token,
+            "{header:?}: {reply}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn local_times_are_read_in_the_configured_zone() {
     let redis = RedisServer::start();
@@ -513,9 +658,10 @@ async fn local_times_are_read_in_the_configured_zone() {
         .await;
     assert_eq!(rfc["birth_time_ms"], local["birth_time_ms"]);
     let mut conn = redis.conn().await;
-    let score: f64 = conn.zscore("kairos:due", "tz1:birth").await.unwrap();
+    let tz1 = redis.keyspace().await.life("tz1").clone();
+    let score: f64 = conn.zscore(tz1.due(), "tz1:birth").await.unwrap();
     assert_eq!(score as i64, 1_923_545_100_000);
-    let stored: String = conn.hget("kairos:life:tz1", "birth_at").await.unwrap();
+    let stored: String = conn.hget(tz1.life("tz1"), "birth_at").await.unwrap();
     assert_eq!(stored, "2030-12-15T15:05:00+09:00");
     // A flat body with a term in local time, and the list filter in local time.
     let (status, t) = api
@@ -591,25 +737,50 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
     );
 
     let mut conn = redis.conn().await;
-    let lives: Vec<String> = conn.keys("kairos:life:*").await.unwrap();
-    let due: Vec<String> = conn.zrange("kairos:due", 0, -1).await.unwrap();
-    let index: Vec<String> = conn.zrange("kairos:lives", 0, -1).await.unwrap();
-    let birth_plans: Vec<String> = conn.keys("kairos:plan:*:birth").await.unwrap();
-    let death_plans: Vec<String> = conn.keys("kairos:plan:*:death").await.unwrap();
-    let resources: Vec<String> = conn.keys("kairos:resource:*").await.unwrap();
-    assert_eq!(lives.len(), birth_plans.len());
-    assert_eq!(lives.len(), death_plans.len());
+    let ks = redis.keyspace().await;
+    let mut lives: Vec<String> = Vec::new();
+    let (mut due, mut index, mut birth_plans, mut death_plans, mut resources) =
+        (Vec::new(), Vec::new(), 0, 0, 0);
+    for k in ks.shards() {
+        let p = &k.prefix;
+        let keys: Vec<String> = conn.keys(format!("{p}life:*")).await.unwrap();
+        lives.extend(keys);
+        let d: Vec<String> = conn.zrange(k.due(), 0, -1).await.unwrap();
+        due.extend(d);
+        let i: Vec<String> = conn.zrange(k.lives(), 0, -1).await.unwrap();
+        index.extend(i);
+        let b: Vec<String> = conn.keys(format!("{p}plan:*:birth")).await.unwrap();
+        birth_plans += b.len();
+        let d: Vec<String> = conn.keys(format!("{p}plan:*:death")).await.unwrap();
+        death_plans += d.len();
+        let r: Vec<String> = conn.keys(format!("{p}resource:*")).await.unwrap();
+        resources += r.len();
+    }
+    assert_eq!(lives.len(), birth_plans);
+    assert_eq!(lives.len(), death_plans);
     assert_eq!(lives.len(), due.len());
     assert_eq!(lives.len(), index.len());
-    assert_eq!(lives.len(), resources.len());
+    assert_eq!(lives.len(), resources);
     for i in &acknowledged {
+        let id = format!("b{i}");
+        let shard = ks.resource(&format!("res-{i}"));
         assert!(
-            lives.contains(&format!("kairos:life:b{i}")),
-            "acknowledged booking b{i} lost"
+            lives.contains(&shard.life(&id)),
+            "acknowledged booking {id} lost"
         );
+        // Found by id alone: its home shard holds it or points to it.
+        let home = ks.life(&id);
+        if home.index != shard.index {
+            let pointer: Option<String> = conn.get(home.pointer(&id)).await.unwrap();
+            assert_eq!(
+                pointer.and_then(|p| p.split(':').next().map(str::to_string)),
+                Some(shard.index.to_string()),
+                "{id} has no pointer to its shard"
+            );
+        }
     }
     for key in &lives {
-        let id = key.trim_start_matches("kairos:life:");
+        let (prefix, id) = key.rsplit_once("life:").unwrap();
         let life: std::collections::HashMap<String, String> = conn.hgetall(key).await.unwrap();
         for field in [
             "schedule_type",
@@ -622,7 +793,7 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
         }
         assert!(due.contains(&format!("{id}:birth")), "{id} birth not due");
         let in_resource: Option<f64> = conn
-            .zscore(format!("kairos:resource:{}", life["resource_id"]), id)
+            .zscore(format!("{prefix}resource:{}", life["resource_id"]), id)
             .await
             .unwrap();
         assert!(
@@ -630,7 +801,7 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
             "{id} missing from its resource index"
         );
         let birth: std::collections::HashMap<String, String> = conn
-            .hgetall(format!("kairos:plan:{id}:birth"))
+            .hgetall(format!("{prefix}plan:{id}:birth"))
             .await
             .unwrap();
         assert_eq!(birth.get("state").map(String::as_str), Some("Standby"));

@@ -49,7 +49,7 @@ async fn the_cli_books_lists_shows_and_cancels() {
     let body = r#"{"life_uuid": "cli-1", "schedule_type": "term", "resource_id": "conn-9",
                    "birth_time": "2030-05-01 10:00:00", "death_time": "2030-05-01 11:00:00",
                    "birth": {"path": "/on", "method": "POST"}, "death": {"path": "/off", "method": "POST"}}"#;
-    let (code, out, err) = kairos(&host, "ops", &["book", "--json", body], None);
+    let (code, out, err) = kairos(&host, "ops", &["book", "--json", body, "-o", "json"], None);
     assert_eq!(code, 0, "{err}");
     let booked: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(booked["life_uuid"], "cli-1");
@@ -63,7 +63,7 @@ async fn the_cli_books_lists_shows_and_cancels() {
         ),
     );
     assert_eq!(code, 0, "{err}");
-    assert!(out.contains("cli-2"));
+    assert!(out.starts_with("booked cli-2 (point, "), "{out}");
 
     let (code, out, err) = kairos(&host, "peek", &["ls"], None);
     assert_eq!(code, 0, "{err}");
@@ -89,7 +89,39 @@ async fn the_cli_books_lists_shows_and_cancels() {
         "header and both Lives across two pages: {out}{err}"
     );
 
+    // A cut page names the cursor to go on from, and --cursor does.
+    let (code, first, err) = kairos(&host, "peek", &["ls", "--limit", "1"], None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(first.lines().count(), 2, "{first}");
+    let cursor = err
+        .split("--cursor ")
+        .nth(1)
+        .expect("the cursor is printed")
+        .trim()
+        .trim_end_matches(')');
+    let (code, next, err) = kairos(
+        &host,
+        "peek",
+        &["ls", "--limit", "1", "--cursor", cursor],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(next.lines().nth(1).unwrap().starts_with("cli-2"), "{next}");
+
+    // `show` is readable by default, JSON for scripts.
     let (code, out, _) = kairos(&host, "peek", &["show", "cli-1"], None);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("life      cli-1 (term, resource conn-9)\nstate     Inexistent\n"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("death") && l.contains("Standby") && l.contains("POST /off")),
+        "{out}"
+    );
+    assert!(out.contains("no runs yet"), "{out}");
+    let (code, out, _) = kairos(&host, "peek", &["show", "cli-1", "--output", "json"], None);
     assert_eq!(code, 0);
     let life: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(life["plans"].as_array().unwrap().len(), 2);
@@ -145,7 +177,12 @@ async fn the_cli_lists_and_shows_timers_and_queues() {
             && rows[1].contains("02:00 14:00"),
         "{out}"
     );
-    let (code, out, err) = kairos(&host, "peek", &["timers", "show", "nightly"], None);
+    let (code, out, err) = kairos(
+        &host,
+        "peek",
+        &["timers", "show", "nightly", "-o", "json"],
+        None,
+    );
     assert_eq!(code, 0, "{err}");
     let timer: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(timer["preview"].as_array().unwrap().len(), 5);
@@ -163,10 +200,18 @@ async fn the_cli_lists_and_shows_timers_and_queues() {
         .expect("mail listed");
     assert!(mail.contains("running") && mail.contains(" 2 "), "{out}");
     assert!(out.lines().any(|l| l.starts_with("default")), "{out}");
-    let (code, out, _) = kairos(&host, "peek", &["queues", "show", "mail"], None);
+    let (code, out, _) = kairos(
+        &host,
+        "peek",
+        &["queues", "show", "mail", "-o", "json"],
+        None,
+    );
     assert_eq!(code, 0);
     let queue: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(queue["max_concurrent"], 4);
+    let (code, out, _) = kairos(&host, "peek", &["queues", "show", "mail"], None);
+    assert_eq!(code, 0);
+    assert!(out.lines().any(|l| l == "max_concurrent: 4"), "{out}");
 
     // Changes need the admin scope.
     let (code, _, err) = kairos(&host, "peek", &["queues", "pause", "mail"], None);
@@ -215,6 +260,14 @@ async fn the_cli_uploads_lists_shows_and_deletes_plugins() {
         None,
     );
     assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l == "version: 1"), "{out}");
+    let (code, out, err) = kairos(
+        &host,
+        "root",
+        &["plugins", "show", "noop", "-o", "json"],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
     let meta: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(meta["version"], 1);
     assert_eq!(meta["memory_mb"], 16);
@@ -226,14 +279,287 @@ async fn the_cli_uploads_lists_shows_and_deletes_plugins() {
     assert!(row.starts_with("noop "), "{out}");
     assert!(row.contains("api.example.com,127.0.0.1:9000"), "{out}");
 
-    let (code, out, _) = kairos(&host, "ops", &["plugins", "show", "noop"], None);
+    let (code, out, _) = kairos(
+        &host,
+        "ops",
+        &["plugins", "show", "noop", "--output", "json"],
+        None,
+    );
     assert_eq!(code, 0);
     let shown: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(shown["versions"].as_array().unwrap().len(), 1);
 
-    let (code, _, err) = kairos(&host, "root", &["plugins", "delete", "noop"], None);
+    let (code, _, err) = kairos(&host, "root", &["plugins", "rm", "noop"], None);
     assert_eq!(code, 0, "{err}");
     let (code, _, err) = kairos(&host, "ops", &["plugins", "show", "noop"], None);
     assert_eq!(code, 1);
     assert!(err.contains("404"), "{err}");
+}
+
+/// `kairos timers check` reads a schedule without a server: its description, DST rule
+/// and next fire times in the zone asked for; a bad schedule exits 1 naming the field.
+#[test]
+fn timers_check_reads_a_schedule_without_a_server() {
+    let run = |args: &[&str]| {
+        let out = Command::new(kairos_bin())
+            .args(["--server", "http://127.0.0.1:9"])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = run(&[
+        "timers",
+        "check",
+        "0 9 * * 1-5",
+        "--tz",
+        "Europe/London",
+        "--from",
+        "2026-11-26 12:00:00",
+        "-n",
+        "2",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("At 09:00, Monday through Friday"), "{out}");
+    assert!(out.contains("Fri 2026-11-27 09:00:00 GMT"), "{out}");
+    assert!(out.contains("Mon 2026-11-30 09:00:00 GMT"), "{out}");
+    assert!(out.contains("a fixed time of day"), "{out}");
+
+    let (code, out, err) = run(&[
+        "timers",
+        "check",
+        "@hourly",
+        "--tz",
+        "Europe/London",
+        "--from",
+        "2026-10-24T23:30:00Z",
+        "-n",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let checked: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(checked["dst_rule"], "elapsed");
+    assert_eq!(
+        checked["preview"],
+        serde_json::json!([
+            "2026-10-25T01:00:00+01:00",
+            "2026-10-25T01:00:00Z",
+            "2026-10-25T02:00:00Z"
+        ]),
+        "01:00 twice: the autumn hour repeats and @hourly follows elapsed time"
+    );
+
+    let (code, _, err) = run(&["timers", "check", "0 9 * * 8"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("day of week: 8 is out of 0-7"), "{err}");
+}
+
+/// The CLI covers what operators change: timers created, edited and removed; queues
+/// created, filled, purged and removed; each checked through the API.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_creates_edits_and_removes_timers_and_queues() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--api-tokens", "root:admin")]),
+    );
+    let api = Api::new(&host).with_token("root");
+
+    let (code, out, err) = kairos(
+        &host,
+        "root",
+        &[
+            "timers",
+            "create",
+            "report",
+            "--schedule",
+            "0 9 * * 1-5",
+            "--tz",
+            "Europe/Paris",
+            "--url",
+            "/report",
+            "--priority",
+            "2",
+            "--inactive",
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l == "name: report"), "{out}");
+    let (status, timer) = api.get("/timers/report").await;
+    assert_eq!(status, 200);
+    assert_eq!(timer["schedule"], "0 9 * * 1-5");
+    assert_eq!(timer["timezone"], "Europe/Paris");
+    assert_eq!(timer["priority"], 2);
+    assert_eq!(timer["action"]["path"], "/report");
+    assert_eq!(timer["state"], "Inactive", "{timer:#}");
+
+    let (code, _, err) = kairos(
+        &host,
+        "root",
+        &["timers", "edit", "report", "--schedule", "30 8 * * *"],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let (_, timer) = api.get("/timers/report").await;
+    assert_eq!(timer["schedule"], "30 8 * * *");
+    assert_eq!(
+        timer["timezone"], "Europe/Paris",
+        "only the fields given change"
+    );
+    let (code, _, err) = kairos(&host, "root", &["timers", "rm", "report"], None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(api.get("/timers/report").await.0, 404);
+
+    let (code, _, err) = kairos(
+        &host,
+        "root",
+        &[
+            "queues",
+            "create",
+            "mail",
+            "--rate",
+            "0.5",
+            "--max-concurrent",
+            "2",
+            "--retry",
+            r#"{"limit": 7}"#,
+        ],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let (_, queue) = api.get("/queues/mail").await;
+    assert_eq!(queue["rate"], 0.5, "{queue:#}");
+    assert_eq!(queue["max_concurrent"], 2);
+    assert_eq!(queue["retry"]["limit"], 7);
+    // Tasks due an hour from now: they wait, to be purged.
+    for (name, expire_after) in [("t1", None), ("t2", Some("2h"))] {
+        let mut args = vec![
+            "queues",
+            "tasks",
+            "add",
+            "mail",
+            "--url",
+            "/send",
+            "--name",
+            name,
+            "--countdown",
+            "1h",
+        ];
+        args.extend(
+            expire_after
+                .map(|e| ["--expire-after", e])
+                .into_iter()
+                .flatten(),
+        );
+        let (code, _, err) = kairos(&host, "root", &args, None);
+        assert_eq!(code, 0, "{err}");
+    }
+    let (_, t2) = api.get("/queues/mail/tasks/t2").await;
+    let at = |field: &str| {
+        chrono::DateTime::parse_from_rfc3339(t2[field].as_str().unwrap())
+            .unwrap()
+            .timestamp_millis()
+    };
+    assert_eq!(at("expires_at") - at("eta"), 7_200_000, "{t2:#}");
+    let (_, t1) = api.get("/queues/mail/tasks/t1").await;
+    assert!(t1["expires_at"].is_null(), "{t1:#}");
+    let (code, _, err) = kairos(
+        &host,
+        "root",
+        &["queues", "tasks", "add", "mail", "-"],
+        Some(r#"{"name": "t3", "countdown": "1h", "action": {"path": "/send", "method": "POST"}}"#),
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, out, err) = kairos(
+        &host,
+        "root",
+        &["queues", "tasks", "mail", "-o", "json"],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["items"].as_array().unwrap().len(), 3, "{listed:#}");
+    let (code, _, err) = kairos(
+        &host,
+        "root",
+        &["queues", "tasks", "rm", "mail", "t3"],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let (code, _, err) = kairos(&host, "root", &["queues", "purge", "mail"], None);
+    assert_eq!(code, 0, "{err}");
+    let (_, queue) = api.get("/queues/mail").await;
+    assert_eq!(queue["tasks"]["pending"], 0, "{queue:#}");
+    let (code, _, err) = kairos(&host, "root", &["queues", "rm", "mail"], None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(api.get("/queues/mail").await.0, 404);
+
+    // A refusal exits 1 with the server's code; a usage error exits 2.
+    let (code, _, err) = kairos(&host, "root", &["timers", "rm", "report"], None);
+    assert_eq!(code, 1);
+    assert!(err.contains("404 not_found"), "{err}");
+    let (code, _, err) = kairos(&host, "root", &["timers", "create"], None);
+    assert_eq!(code, 2, "{err}");
+}
+
+/// `kairos completions SHELL` prints a completion script naming the commands, and a
+/// listing cut short by its reader ends quietly instead of panicking on the broken pipe.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_a_closed_pipe() {
+    for shell in ["bash", "zsh", "fish"] {
+        let out = Command::new(kairos_bin())
+            .args(["completions", shell])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{shell}");
+        let script = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            script.contains("timers") && script.contains("queues") && script.contains("plugins"),
+            "{shell}: {script}"
+        );
+    }
+
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    // More than a pipe's buffer (64 KiB) of rows, so that writing meets the closed pipe.
+    for i in 0..1_000 {
+        let (status, body) = api
+            .post(
+                "/schedules",
+                &serde_json::json!({"life_uuid": format!("pipe-{i:04}"), "birth_time": "2030-01-01 00:00:00",
+                                    "birth": {"path": "/x", "method": "POST"}}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    // `kairos ls --all | head -1`: the reader goes away after one line.
+    let mut child = Command::new(kairos_bin())
+        .args([
+            "--server",
+            &format!("http://{}", host.addr),
+            "ls",
+            "--all",
+            "--limit",
+            "100",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 4];
+    std::io::Read::read_exact(child.stdout.as_mut().unwrap(), &mut first).unwrap();
+    assert_eq!(&first, b"LIFE");
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
 }

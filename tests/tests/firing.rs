@@ -76,15 +76,11 @@ fn exactly_once_never_early(got: &[Received], booked: &HashMap<String, i64>) -> 
     lateness
 }
 
-fn held_key(host: &Host) -> String {
-    format!("kairos:held:{}", host.host_id)
-}
-
 /// Waits until `host` holds at least `n` Plans in memory (claimed under its lease).
 async fn wait_held(redis: &RedisServer, host: &Host, n: i64, within: Duration) -> i64 {
     let deadline = Instant::now() + within;
     loop {
-        let held = redis.zcard(&held_key(host)).await;
+        let held = redis.held_by(&host.host_id).await;
         if held >= n {
             return held;
         }
@@ -504,7 +500,7 @@ async fn plans_of_a_killed_host_fire_on_another_host() {
     }
     let held = wait_held(&redis, &first, 50, Duration::from_secs(2)).await;
     assert_eq!(held, 50, "all 50 are claimed into the first host's memory");
-    assert_eq!(redis.zcard("kairos:due").await, 0);
+    assert_eq!(redis.zcard_all("due").await, 0);
     first.kill9();
     let killed_at = now_ms();
     assert!(sink.received().is_empty(), "nothing was due yet");
@@ -525,7 +521,7 @@ async fn plans_of_a_killed_host_fire_on_another_host() {
     for view in views.values() {
         assert_eq!(history(view)[0]["host"], second.host_id.as_str());
     }
-    assert_eq!(redis.zcard(&held_key(&first)).await, 0);
+    assert_eq!(redis.zcard_all("held").await, 0, "nothing is held any more");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -714,11 +710,28 @@ async fn blocked_targets_fail_with_a_clear_error_and_are_never_called() {
     let target = Sink::start().await;
     let target_port = target.addr.port();
 
-    // Host 1: no allowlist. A loopback url other than the gateway is refused.
+    // Host 1: no allowlist. A loopback url other than the gateway is refused: at
+    // booking when the address is written literally (no DNS answer could allow it), when
+    // fired for a name (checked against what it resolves to then).
     let redis1 = RedisServer::start();
     let host1 = Host::start(&redis1.url(), &flags(&gateway, &[]));
     let api1 = Api::new(&host1);
-    let url = format!("http://127.0.0.1:{target_port}/blocked");
+    let (status, reply) = api1
+        .post(
+            "/schedules",
+            &point(
+                "literal",
+                now_ms() + 1000,
+                json!({"url": format!("http://127.0.0.1:{target_port}/blocked"), "method": "POST"}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (400, Some("blocked_target")),
+        "{reply}"
+    );
+    let url = format!("http://localhost:{target_port}/blocked");
     book(
         &api1,
         &point(
@@ -738,12 +751,27 @@ async fn blocked_targets_fail_with_a_clear_error_and_are_never_called() {
         &flags(&gateway, &[("--allowed-hosts", allowed.as_str())]),
     );
     let api2 = Api::new(&host2);
+    let (status, reply) = api2
+        .post(
+            "/schedules",
+            &point(
+                "literal-private",
+                now_ms() + 1000,
+                json!({"url": "http://10.0.0.1/x", "method": "POST"}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (400, Some("blocked_target")),
+        "{reply}"
+    );
     book(
         &api2,
         &point(
             "private",
             now_ms() + 1000,
-            json!({"url": "http://10.0.0.1/x", "method": "POST", "connect_timeout": 1}),
+            json!({"url": format!("http://localhost:{target_port}/x"), "method": "POST", "connect_timeout": 1}),
         ),
     )
     .await;
@@ -838,13 +866,9 @@ async fn sigterm_hands_claimed_plans_back_at_once() {
     );
     eprintln!("graceful shutdown with 30 claimed Plans took {took:?}");
     assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
+    assert_eq!(redis.zcard_all("held").await, 0, "nothing still held");
     assert_eq!(
-        redis.zcard(&held_key(&first)).await,
-        0,
-        "nothing still held"
-    );
-    assert_eq!(
-        redis.zcard("kairos:due").await,
+        redis.zcard_all("due").await,
         30,
         "all handed back to the due set"
     );

@@ -84,4 +84,105 @@ async fn metrics_count_bookings_runs_and_lateness() {
     assert_eq!(m["kairos_hosts_alive"], 1.0);
     assert_eq!(m["kairos_claimed_plans"], 0.0);
     assert_eq!(m["kairos_running_plans"], 0.0);
+    // Nothing is late; the three fired Lives are history; which build this is.
+    assert_eq!(m["kairos_overdue_plans"], 0.0);
+    assert_eq!(m["kairos_oldest_overdue_plan_age_seconds"], 0.0);
+    assert_eq!(m["kairos_history_lives"], 3.0);
+    assert_eq!(
+        m[&format!(
+            "kairos_build_info{{version=\"{}\"}}",
+            env!("CARGO_PKG_VERSION")
+        )],
+        1.0
+    );
+}
+
+/// `--metrics-listen` serves /metrics alone, without a token, for scrapers; the API
+/// keeps asking for one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_have_an_address_of_their_own_without_a_token() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let port = free_port();
+    let host = Host::start(
+        &redis.url(),
+        &flags(
+            &sink,
+            &[
+                ("--api-tokens", "s3cret:read"),
+                ("--metrics-listen", &format!("127.0.0.1:{port}")),
+            ],
+        ),
+    );
+    let scraper = Api::at(&format!("http://127.0.0.1:{port}"));
+    let (status, text) = scraper.text("/metrics").await;
+    assert_eq!(status, 200);
+    assert!(text.contains("kairos_hosts_alive 1"), "{text}");
+    assert_eq!(
+        scraper.get("/schedules").await.0,
+        404,
+        "only /metrics there"
+    );
+    let api = Api::new(&host);
+    assert_eq!(api.text("/metrics").await.0, 401);
+    assert_eq!(api.with_token("s3cret").text("/metrics").await.0, 200);
+}
+
+/// Series per queue (tasks by state) and per timer (last outcome, last and next run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_and_timers_have_series_of_their_own() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, body) = api
+        .put("/queues/mail", &json!({"rate": 1, "max_concurrent": 1}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api
+        .post(
+            "/queues/mail/tasks",
+            &json!([{"name": "a", "countdown": "1h", "action": hook("a")},
+                    {"name": "b", "countdown": "1h", "action": hook("b")}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api
+        .post(
+            "/timers",
+            &json!({"name": "tick", "schedule": "* * * * * *", "timezone": "UTC", "action": hook("tick")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    sink.wait_until("the timer ran", Duration::from_secs(10), |got| {
+        got.iter()
+            .any(|r| r.header("x-kairos-timer") == Some("tick"))
+    })
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = scrape(&host).await;
+        if m.contains_key("kairos_timer_last_outcome{timer=\"tick\",outcome=\"done\"}") {
+            break m;
+        }
+        assert!(std::time::Instant::now() < deadline, "{m:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        m["kairos_queue_tasks{queue=\"mail\",state=\"pending\"}"],
+        2.0
+    );
+    assert_eq!(
+        m["kairos_queue_tasks{queue=\"mail\",state=\"running\"}"],
+        0.0
+    );
+    assert_eq!(
+        m["kairos_queue_tasks{queue=\"mail\",state=\"failed\"}"],
+        0.0
+    );
+    let now = now_ms() as f64 / 1000.0;
+    let last = m["kairos_timer_last_run_timestamp_seconds{timer=\"tick\"}"];
+    let next = m["kairos_timer_next_run_timestamp_seconds{timer=\"tick\"}"];
+    assert!(now - 10.0 < last && last <= now + 1.0, "{last} vs {now}");
+    assert!(next > last && next <= now + 2.0, "{next} vs {now}");
 }

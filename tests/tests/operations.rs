@@ -50,6 +50,19 @@ async fn keys_matching(redis: &RedisServer, pattern: &str) -> Vec<String> {
         .expect("KEYS answers")
 }
 
+/// The shard a Life lives in (its resource's, else its id's).
+async fn shard_of(
+    redis: &RedisServer,
+    id: &str,
+    resource: Option<&str>,
+) -> kairos::store::ShardKeys {
+    let ks = redis.keyspace().await;
+    match resource {
+        Some(rid) => ks.resource(rid).clone(),
+        None => ks.life(id).clone(),
+    }
+}
+
 /// Every Redis trace of one Life, as (what, present?) pairs.
 async fn traces(
     redis: &RedisServer,
@@ -57,47 +70,47 @@ async fn traces(
     birth_ms: i64,
     resource: Option<&str>,
 ) -> Vec<(String, bool)> {
+    let k = shard_of(redis, id, resource).await;
     let mut out = vec![
+        (k.life(id), exists(redis, &k.life(id)).await),
         (
-            format!("kairos:life:{id}"),
-            exists(redis, &format!("kairos:life:{id}")).await,
+            k.plan(&format!("{id}:birth")),
+            exists(redis, &k.plan(&format!("{id}:birth"))).await,
         ),
         (
-            format!("kairos:plan:{id}:birth"),
-            exists(redis, &format!("kairos:plan:{id}:birth")).await,
-        ),
-        (
-            format!("kairos:lives member {}", lives_member(birth_ms, id)),
-            zscore(redis, "kairos:lives", &lives_member(birth_ms, id))
+            format!("lives member {}", lives_member(birth_ms, id)),
+            zscore(redis, &k.lives(), &lives_member(birth_ms, id))
                 .await
                 .is_some(),
         ),
         (
-            format!("kairos:finished member {id}"),
-            zscore(redis, "kairos:finished", id).await.is_some(),
+            format!("finished member {id}"),
+            zscore(redis, &k.finished(), id).await.is_some(),
         ),
     ];
     if let Some(rid) = resource {
         out.push((
-            format!("kairos:resource:{rid} member {id}"),
-            zscore(redis, &format!("kairos:resource:{rid}"), id)
-                .await
-                .is_some(),
+            format!("resource:{rid} member {id}"),
+            zscore(redis, &k.resource(rid), id).await.is_some(),
         ));
     }
     out
 }
 
-/// Entries of the `kairos:runs` stream that name Life `id`.
+/// Entries of the shards' `runs` streams that name Life `id`.
 async fn runs_of(redis: &RedisServer, id: &str) -> usize {
     let mut conn = redis.conn().await;
-    let entries: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
-        .arg("kairos:runs")
-        .arg("-")
-        .arg("+")
-        .query_async(&mut conn)
-        .await
-        .expect("XRANGE answers");
+    let mut entries: Vec<(String, Vec<String>)> = Vec::new();
+    for key in redis.keyspace().await.every("runs") {
+        let part: Vec<(String, Vec<String>)> = redis::cmd("XRANGE")
+            .arg(key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .expect("XRANGE answers");
+        entries.extend(part);
+    }
     entries
         .iter()
         .filter(|(_, fields)| {
@@ -168,7 +181,14 @@ async fn finished_lives_are_swept_after_retention_with_all_their_keys() {
     let retention_ms = 2592;
     let host = Host::start(
         &redis.url(),
-        &flags(&sink, &[("--schedule-history-duration-days", "0.00003")]),
+        &flags(
+            &sink,
+            &[
+                ("--schedule-history-duration-days", "0.00003"),
+                // The runs stream is off by default; kept here to see it trimmed.
+                ("--runs-stream-max-len", "1000"),
+            ],
+        ),
     );
     let api = Api::new(&host);
 
@@ -232,7 +252,8 @@ async fn finished_lives_are_swept_after_retention_with_all_their_keys() {
     for (what, present) in traces(&redis, tm, tm_birth, Some("res-term")).await {
         assert!(present, "{what} must exist while the Life is retained");
     }
-    assert!(exists(&redis, &format!("kairos:plan:{tm}:death")).await);
+    let tm_shard = shard_of(&redis, tm, Some("res-term")).await;
+    assert!(exists(&redis, &tm_shard.plan(&format!("{tm}:death"))).await);
     assert_eq!(
         sink.received().len(),
         3,
@@ -241,19 +262,26 @@ async fn finished_lives_are_swept_after_retention_with_all_their_keys() {
 
     // The operators' stream has the runs.
     let mut conn = redis.conn().await;
-    let xlen: i64 = redis::cmd("XLEN")
-        .arg("kairos:runs")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    assert!(xlen >= 3, "kairos:runs holds {xlen} entries, expected >= 3");
+    let mut xlen = 0i64;
+    for key in redis.keyspace().await.every("runs") {
+        let n: i64 = redis::cmd("XLEN")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        xlen += n;
+    }
+    assert!(
+        xlen >= 3,
+        "the runs streams hold {xlen} entries, expected >= 3"
+    );
     assert!(
         runs_of(&redis, pt).await >= 1,
-        "no run of {pt} in kairos:runs"
+        "no run of {pt} in its shard's runs stream"
     );
     assert!(
         runs_of(&redis, tm).await >= 2,
-        "runs of {tm} missing in kairos:runs"
+        "runs of {tm} missing in its shard's runs stream"
     );
 
     // Both go, not before their retention, and within retention + a sweep period + slack.
@@ -285,19 +313,23 @@ async fn finished_lives_are_swept_after_retention_with_all_their_keys() {
         for (what, present) in traces(&redis, id, birth, Some(rid)).await {
             assert!(!present, "{what} is left after the sweep");
         }
-        assert!(!exists(&redis, &format!("kairos:plan:{id}:death")).await);
-        assert!(zscore(&redis, "kairos:due", &format!("{id}:birth"))
+        let k = shard_of(&redis, id, Some(rid)).await;
+        assert!(!exists(&redis, &k.plan(&format!("{id}:death"))).await);
+        assert!(zscore(&redis, &k.due(), &format!("{id}:birth"))
             .await
             .is_none());
-        assert!(zscore(&redis, "kairos:due", &format!("{id}:death"))
+        assert!(zscore(&redis, &k.due(), &format!("{id}:death"))
             .await
             .is_none());
         let left = keys_matching(&redis, &format!("kairos:*{id}*")).await;
         assert!(left.is_empty(), "keys of swept Life {id} remain: {left:?}");
     }
-    assert!(
-        keys_matching(&redis, "kairos:lock:*").await.is_empty(),
-        "no resource lock outlives its runs"
+    assert_eq!(
+        keys_matching(&redis, "kairos:*order:*").await,
+        [shard_of(&redis, keep, Some("res-keep"))
+            .await
+            .order("res-keep")],
+        "no resource order set outlives the Plans in it; the pending Life's stays"
     );
 
     // The pending Life is untouched.
@@ -306,14 +338,19 @@ async fn finished_lives_are_swept_after_retention_with_all_their_keys() {
     assert_eq!(state(&kept), "Inexistent");
     assert_eq!(plan(&kept, "birth")["state"], "Standby");
     for (what, present) in traces(&redis, keep, keep_ms, Some("res-keep")).await {
-        let in_finished = what.starts_with("kairos:finished");
+        let in_finished = what.starts_with("finished");
         assert_eq!(
             present, !in_finished,
             "{what}: present = {present} for a pending Life"
         );
     }
     assert_eq!(
-        zscore(&redis, "kairos:due", &format!("{keep}:birth")).await,
+        zscore(
+            &redis,
+            &shard_of(&redis, keep, Some("res-keep")).await.due(),
+            &format!("{keep}:birth")
+        )
+        .await,
         Some(keep_ms.to_string()),
         "the pending Plan is still due"
     );
@@ -462,9 +499,11 @@ async fn back_pressure_bounds_claims_and_drops_nothing() {
         ),
     );
     let api = Api::new(&host);
-    let held_key = format!("kairos:held:{}", host.host_id);
+    let ks = redis.keyspace().await;
+    let held_keys = ks.every("held");
+    let due_keys = ks.every("due");
 
-    // Sample the held set and the due set from before the first booking to the end.
+    // Sample the held sets and the due sets from before the first booking to the end.
     let stop = Arc::new(AtomicBool::new(false));
     let max_held = Arc::new(AtomicI64::new(0));
     let max_due = Arc::new(AtomicI64::new(0));
@@ -477,7 +516,7 @@ async fn back_pressure_bounds_claims_and_drops_nothing() {
             samples.clone(),
         );
         let url = redis.url();
-        let held_key = held_key.clone();
+        let (held_keys, due_keys) = (held_keys.clone(), due_keys.clone());
         tokio::spawn(async move {
             let mut conn = redis::Client::open(url)
                 .unwrap()
@@ -485,14 +524,13 @@ async fn back_pressure_bounds_claims_and_drops_nothing() {
                 .await
                 .unwrap();
             while !stop.load(Ordering::Acquire) {
-                let (held, due): (i64, i64) = redis::pipe()
-                    .cmd("ZCARD")
-                    .arg(&held_key)
-                    .cmd("ZCARD")
-                    .arg("kairos:due")
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
+                let mut pipe = redis::pipe();
+                for key in held_keys.iter().chain(&due_keys) {
+                    pipe.cmd("ZCARD").arg(key);
+                }
+                let counts: Vec<i64> = pipe.query_async(&mut conn).await.unwrap();
+                let (held, due) = counts.split_at(held_keys.len());
+                let (held, due): (i64, i64) = (held.iter().sum(), due.iter().sum());
                 max_held.fetch_max(held, Ordering::AcqRel);
                 max_due.fetch_max(due, Ordering::AcqRel);
                 samples.fetch_add(1, Ordering::AcqRel);
@@ -559,8 +597,8 @@ async fn back_pressure_bounds_claims_and_drops_nothing() {
         "with at most 3 claimed, at least 9 of 12 wait in the due set (saw {max_due})"
     );
     assert_eq!(sink.max_concurrent(""), 1, "one worker: one call at a time");
-    assert_eq!(redis.zcard(&held_key).await, 0, "nothing held at the end");
-    assert_eq!(redis.zcard("kairos:due").await, 0, "nothing due at the end");
+    assert_eq!(redis.zcard_all("held").await, 0, "nothing held at the end");
+    assert_eq!(redis.zcard_all("due").await, 0, "nothing due at the end");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -594,11 +632,9 @@ async fn patch_moves_a_claimed_plan_to_its_new_time() {
     // Default look-ahead (5 min): the Plan is claimed into memory as soon as it is booked.
     let host = Host::start(&redis.url(), &flags(&sink, &[]));
     let api = Api::new(&host);
-    let held_key = format!("kairos:held:{}", host.host_id);
-
     let id = "moved";
     let old_ms = book_and_wait_preset(&api, id, 2000).await;
-    assert_eq!(redis.zcard(&held_key).await, 1);
+    assert_eq!(redis.held_by(&host.host_id).await, 1);
 
     let new_ms = now_ms() + 4000;
     let (status, reply) = api
@@ -663,7 +699,7 @@ async fn patch_moves_a_claimed_plan_to_its_new_time() {
         "exactly one call: {:?}",
         sink.received()
     );
-    assert_eq!(redis.zcard(&held_key).await, 0, "nothing left held");
+    assert_eq!(redis.zcard_all("held").await, 0, "nothing left held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -672,7 +708,7 @@ async fn delete_of_a_claimed_plan_never_fires() {
     let sink = Sink::start().await;
     let host = Host::start(&redis.url(), &flags(&sink, &[]));
     let api = Api::new(&host);
-    let held_key = format!("kairos:held:{}", host.host_id);
+    let held_key = redis.keyspace().await.life("dropped").held();
 
     let id = "dropped";
     let at = book_and_wait_preset(&api, id, 2000).await;
@@ -713,5 +749,5 @@ async fn delete_of_a_claimed_plan_never_fires() {
     assert!(history(&life).is_empty(), "nothing ran: {life:#}");
     api.wait_life("neighbour", Duration::from_secs(3), |l| state(l) == "Dead")
         .await;
-    assert_eq!(redis.zcard(&held_key).await, 0, "nothing left held");
+    assert_eq!(redis.zcard_all("held").await, 0, "nothing left held");
 }

@@ -137,6 +137,10 @@ async fn chat_notify_posts_the_rendered_message() {
     let got = sink.received();
     let body: Value = serde_json::from_slice(&got[0].body).unwrap();
     assert_eq!(body, json!({"text": text, "username": "kairos"}));
+    // A body the SDK has whole goes out with its length, as a webhook's does.
+    let length = got[0].body.len().to_string();
+    assert_eq!(got[0].header("content-length"), Some(length.as_str()));
+    assert_eq!(got[0].header("transfer-encoding"), None);
 
     // A template naming an unknown variable fails at once, posting nothing.
     let bad = "7f000000-0000-4000-8000-000000000003";
@@ -193,19 +197,19 @@ async fn hostile_plugins_fail_only_their_own_plan_and_the_host_serves_on() {
             "03",
             "hostile",
             json!({"mode": "panic"}),
-            "trapped: wasm trap",
+            "panics on purpose",
         ),
         (
             "04",
             "hostile",
             json!({"mode": "fetch", "url": own_api}),
-            "outbound policy refused",
+            "is not in this plugin's allowed_hosts",
         ),
         (
             "05",
             "hostile-open",
             json!({"mode": "fetch", "url": own_api}),
-            "outbound policy refused",
+            "is not on the host's allowlist",
         ),
     ];
     for (n, plugin, input, _) in &cases {
@@ -251,12 +255,23 @@ async fn hostile_plugins_fail_only_their_own_plan_and_the_host_serves_on() {
     assert!(denied("04")
         .await
         .contains("not in this plugin's allowed_hosts"));
-    assert!(denied("05").await.contains("is not on the allowlist"));
+    assert!(denied("05")
+        .await
+        .contains("is not on the host's allowlist"));
     let panic_logs = denied("03").await;
     assert!(
         panic_logs.contains("the hostile plugin panics on purpose"),
         "stderr is captured: {panic_logs}"
     );
+    // A panic reads as one, with its place, and without the hint to set RUST_BACKTRACE
+    // (no environment reaches the sandbox).
+    let panicked = only_run(&wait_finished(&api, "7f000000-0000-4000-8000-000000000103").await);
+    let error = panicked["error"].as_str().unwrap_or("");
+    assert!(
+        error.starts_with("plugin hostile panicked at ") && error.contains("lib.rs:50:"),
+        "{error}"
+    );
+    assert!(!panic_logs.contains("RUST_BACKTRACE"), "{panic_logs}");
 
     let life = wait_finished(&api, fine).await;
     assert_eq!(state(&life), "Dead", "{life:#}");
@@ -599,7 +614,9 @@ async fn a_plugin_in_use_is_not_deleted_unless_forced() {
         .contains("no plugin `other` is registered"));
     // The digest the two names shared is gone with its last user.
     assert_eq!(
-        redis.cli(&["--scan", "--pattern", "kairos:wasm:*"]).trim(),
+        redis
+            .cli(&["--scan", "--pattern", "kairos:{plugins}:wasm:*"])
+            .trim(),
         ""
     );
 }
@@ -700,6 +717,86 @@ async fn a_plugins_error_message_is_bounded_in_the_history() {
     assert!(used < 2 << 20, "Redis holds {used} bytes of data");
 }
 
+/// One rule for timeouts: a plugin run stopped at its deadline counts as status 599, as a
+/// webhook that timed out does, so it is retried when 599 is a retry code (the default).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_timeout_is_retried_like_a_webhook_timeout() {
+    let (_redis, _sink, _host, api) = start().await;
+    upload_plugin(&api, "hostile", "hostile", "timeout=300ms").await;
+    let id = "7f000000-0000-4000-8000-000000000950";
+    let body = point(
+        id,
+        now_ms() + 1_000,
+        json!({"plugin": "hostile", "input": {"mode": "loop"}, "retry_count": 1, "retry_interval": "200ms"}),
+    );
+    book(&api, &body).await;
+    let life = wait_finished(&api, id).await;
+    assert_eq!(state(&life), "Stillbirth", "{life:#}");
+    let runs = history(&life);
+    assert_eq!(
+        runs.len(),
+        2,
+        "the timed-out run was retried once: {runs:#?}"
+    );
+    for run in &runs {
+        assert_eq!(run["status"], 599, "{run}");
+        assert!(run["error"].as_str().unwrap().contains("deadline"), "{run}");
+    }
+}
+
+/// A plugin's log lines and output cross into the host only as far as bounds allow: one
+/// value is at most 16 MiB (more traps the run, with a message that says so), and a log
+/// line or output within that is read only as far as the history keeps it. The 100 MB
+/// line below is zero bytes the guest never wrote, so they cost no resident memory of
+/// their own: copying them (as wasmtime's default 128 MiB bound would allow) would raise
+/// the host's peak resident memory by 100 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_huge_log_line_or_output_is_never_copied_whole() {
+    let (_redis, _sink, host, api) = start().await;
+    upload_plugin(&api, "hostile", "hostile", "memory_mb=512&timeout=10s").await;
+    let run = |n: u32, input: Value| {
+        let api = &api;
+        async move {
+            let id = format!("7f000000-0000-4000-8000-0000000009{n:02}");
+            book(api, &plugin_point(&id, now_ms() + 1_000, "hostile", input)).await;
+            wait_finished(api, &id).await
+        }
+    };
+    // Warm-up: the plugin is compiled and the host's allocator reaches its working size.
+    let life = run(10, json!({"mode": "zero-log", "size": 1000})).await;
+    assert_eq!(state(&life), "Dead", "{life:#}");
+    let before = host.peak_rss_bytes();
+    let life = run(11, json!({"mode": "zero-log", "size": 100 << 20})).await;
+    let grown = host.peak_rss_bytes().saturating_sub(before);
+    assert_eq!(state(&life), "Stillbirth", "{life:#}");
+    let error = only_run(&life)["error"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(error.contains("too much data"), "{error}");
+    assert!(
+        grown < 50 << 20,
+        "the host's peak memory grew by {} MiB for a 100 MB log line",
+        grown >> 20
+    );
+    // Within the bound, a long line and a long output are cut as they are read.
+    let life = run(12, json!({"mode": "zero-log", "size": 8 << 20})).await;
+    assert_eq!(state(&life), "Dead", "{life:#}");
+    let logs = only_run(&life)["logs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let kept: usize = logs.iter().filter_map(Value::as_str).map(str::len).sum();
+    assert!(kept <= 16 * 1024 + 64, "{kept} bytes of logs kept");
+    let life = run(13, json!({"mode": "big-output", "size": 8 << 20})).await;
+    assert_eq!(state(&life), "Dead", "{life:#}");
+    let output = &only_run(&life)["output"];
+    assert!(
+        output.to_string().len() <= 4096 + 64,
+        "the output is cut to 4 KiB"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn allowed_hosts_star_reaches_neither_the_gateway_nor_hosts_listed_only_by_the_host() {
     // The host lets webhooks reach the sink (gateway) and a second local service by
@@ -761,7 +858,7 @@ async fn allowed_hosts_star_reaches_neither_the_gateway_nor_hosts_listed_only_by
             run["error"]
                 .as_str()
                 .unwrap_or("")
-                .contains("outbound policy refused"),
+                .contains("denied by the outbound policy"),
             "{run:#}"
         );
         assert!(run["logs"].to_string().contains("denied"), "{run:#}");
@@ -1065,7 +1162,9 @@ async fn versions_are_never_reused_after_a_delete_nor_under_concurrent_uploads()
     let (status, _) = api.delete("/plugins/x?force=true").await;
     assert_eq!(status, 200);
     assert_eq!(
-        redis.cli(&["--scan", "--pattern", "kairos:wasm:*"]).trim(),
+        redis
+            .cli(&["--scan", "--pattern", "kairos:{plugins}:wasm:*"])
+            .trim(),
         ""
     );
     let mut again = Vec::new();
@@ -1209,7 +1308,7 @@ async fn a_plugin_that_books_itself_grows_linearly_not_exponentially() {
     // 1 + 100 for every second begun since.
     let lives = || {
         redis
-            .cli(&["--scan", "--pattern", "kairos:life:*"])
+            .cli(&["--scan", "--pattern", "kairos:{*}:life:*"])
             .lines()
             .count() as u64
     };
@@ -1225,4 +1324,52 @@ async fn a_plugin_that_books_itself_grows_linearly_not_exponentially() {
         );
     }
     assert!(seen > 17, "the plugin did book follow-ups: {seen}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_version_keeps_the_limits_its_upload_does_not_change() {
+    let (_redis, _sink, _host, api) = start().await;
+    let limits = |v: &Value| {
+        (
+            v["version"].as_u64().unwrap(),
+            v["allowed_hosts"].clone(),
+            v["memory_mb"].as_u64().unwrap(),
+            v["timeout_ms"].as_u64().unwrap(),
+        )
+    };
+    let first = upload_plugin(
+        &api,
+        "kept",
+        "noop",
+        "allowed_hosts=127.0.0.1:18399&memory_mb=16&timeout=2s",
+    )
+    .await;
+    assert_eq!(limits(&first), (1, json!(["127.0.0.1:18399"]), 16, 2_000));
+    // New code, no query: the limits stay (they used to fall back to the host's
+    // defaults, a 10 s timeout and no allowed hosts, without a word).
+    let second = upload_plugin(&api, "kept", "noop", "").await;
+    assert_eq!(limits(&second), (2, json!(["127.0.0.1:18399"]), 16, 2_000));
+    // One limit changed: the others stay; an empty allowed_hosts clears the list.
+    let third = upload_plugin(&api, "kept", "noop", "timeout=3s").await;
+    assert_eq!(limits(&third), (3, json!(["127.0.0.1:18399"]), 16, 3_000));
+    let fourth = upload_plugin(&api, "kept", "noop", "allowed_hosts=").await;
+    assert_eq!(limits(&fourth), (4, json!([]), 16, 3_000));
+    // What GET shows is what runs.
+    let (status, view) = api.get("/plugins/kept").await;
+    assert_eq!(status, 200);
+    assert_eq!(limits(&view), (4, json!([]), 16, 3_000));
+    // A host list with a scheme could never match a request: refused at upload.
+    let (status, reply) = api
+        .raw(
+            Method::PUT,
+            "/plugins/kept?allowed_hosts=http://127.0.0.1:18399",
+            plugin_wasm("noop"),
+            &[("content-type", "application/wasm")],
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (400, Some("invalid_query")),
+        "{reply}"
+    );
 }

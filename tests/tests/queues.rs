@@ -224,11 +224,8 @@ async fn pause_resume_purge_delete_and_task_names() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     assert!(sink.received().is_empty(), "a paused queue delivered");
     // Parked: in no due set and in no host's memory, until resume.
-    assert_eq!(redis.zcard("kairos:due_tasks").await, 0);
-    assert_eq!(
-        redis.zcard(&format!("kairos:held:{}", host.host_id)).await,
-        0
-    );
+    assert_eq!(redis.zcard_all("due_tasks").await, 0);
+    assert_eq!(redis.zcard_all("held").await, 0);
     let (_, queue) = api.get("/queues/default").await;
     assert_eq!(queue["tasks"]["pending"], 5, "{queue:#}");
     let (status, reply) = api.post("/queues/default/resume", &json!({})).await;
@@ -315,7 +312,7 @@ async fn pause_resume_purge_delete_and_task_names() {
     let (status, _) = api.get("/queues/gone").await;
     assert_eq!(status, 404);
     assert_eq!(
-        redis.zcard("kairos:due_tasks").await,
+        redis.zcard_all("due_tasks").await,
         0,
         "a deleted queue's task stayed due"
     );
@@ -451,8 +448,140 @@ async fn a_backlog_behind_a_low_rate_waits_in_redis_not_in_memory() {
         .parse()
         .unwrap();
     assert!(claimed <= 5, "{claimed} tasks held in the host's memory");
-    let waiting = redis.zcard("kairos:due_tasks").await;
+    let waiting = redis.zcard_all("due_tasks").await;
     assert!(waiting >= 85, "only {waiting} tasks wait in Redis");
     let delivered = sink.received().len();
     assert!((3..=7).contains(&delivered), "2/s for 2 s, got {delivered}");
+}
+
+/// `expire_after` (Trigger.dev's `ttl`, Hatchet's `schedule_timeout`): a task whose first
+/// attempt cannot start within it after its ETA is dropped, with its reason, and never
+/// runs late; behind a paused queue as behind a slow rate. A person may still run it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_not_started_within_expire_after_is_dropped_never_run_late() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    // One task a second: of ten tasks due now with 2.5 s to start, about three start.
+    let (status, reply) = api
+        .put("/queues/ttl", &json!({"rate": 1, "bucket_size": 1}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let tasks: Vec<Value> = (0..10)
+        .map(|n| json!({"name": format!("t{n}"), "expire_after": "2500ms", "action": hook("ttl")}))
+        .collect();
+    let (status, reply) = api.post("/queues/ttl/tasks", &Value::Array(tasks)).await;
+    assert_eq!(status, 200, "{reply}");
+    let expires_at = reply["tasks"][0]["expires_at"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let expires_ms = chrono::DateTime::parse_from_rfc3339(&expires_at)
+        .unwrap()
+        .timestamp_millis();
+    let deadline = Duration::from_secs(10);
+    let failed = wait_for_failed(&api, "ttl", 10 - 4, deadline).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let ran = of_queue(&sink, "ttl");
+    assert!(
+        (2..=4).contains(&ran.len()),
+        "1/s for 2.5 s starts 2 to 4 tasks; {} ran",
+        ran.len()
+    );
+    for r in &ran {
+        assert!(
+            r.at_ms <= expires_ms + 100,
+            "a task ran {} ms after it expired",
+            r.at_ms - expires_ms
+        );
+    }
+    let (_, failed_now) = api.get("/queues/ttl/failed").await;
+    let items = failed_now["items"].as_array().unwrap();
+    assert_eq!(
+        items.len() + ran.len(),
+        10,
+        "each task ran or expired: {failed_now:#}"
+    );
+    assert!(failed.len() >= 6);
+    for item in items {
+        assert_eq!(item["state"], "Expired", "{item:#}");
+        assert_eq!(item["attempts"], 0, "never started: {item:#}");
+        assert_eq!(item["expires_at"], expires_at.as_str());
+        assert!(
+            item["last_error"]
+                .as_str()
+                .unwrap()
+                .contains("expire_after"),
+            "{item:#}"
+        );
+        assert_eq!(item["last_run"]["outcome"], "expired", "{item:#}");
+        assert!(item["failed_at"].is_string(), "{item:#}");
+    }
+    let (_, queue) = api.get("/queues/ttl").await;
+    assert_eq!(queue["tasks"]["pending"], 0, "{queue:#}");
+
+    // Behind a paused queue: expired at its resume, never run.
+    let (status, _) = api.post("/queues/held/pause", &json!({})).await;
+    assert_eq!(status, 404, "no such queue yet");
+    api.put("/queues/held", &json!({"rate": 0})).await;
+    api.post("/queues/held/pause", &json!({})).await;
+    let (status, reply) = api
+        .post(
+            "/queues/held/tasks",
+            &json!([{"name": "late", "expire_after": 1, "action": hook("held")},
+                    {"name": "patient", "action": hook("held")}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let (status, _) = api.post("/queues/held/resume", &json!({})).await;
+    assert_eq!(status, 200);
+    let got = sink
+        .wait_until("the patient task", Duration::from_secs(5), |r| {
+            r.iter()
+                .any(|r| r.header("x-kairos-task") == Some("patient"))
+        })
+        .await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !got.iter()
+            .chain(sink.received().iter())
+            .any(|r| r.header("x-kairos-task") == Some("late")),
+        "the expired task ran"
+    );
+    let (_, late) = api.get("/queues/held/tasks/late").await;
+    assert_eq!(late["state"], "Expired", "{late:#}");
+
+    // A person's `run` is no longer bound by expire_after.
+    let (status, reply) = api.post("/queues/held/tasks/late/run", &json!({})).await;
+    assert_eq!(status, 200, "{reply}");
+    sink.wait_until("the late task, run by hand", Duration::from_secs(5), |r| {
+        r.iter().any(|r| r.header("x-kairos-task") == Some("late"))
+    })
+    .await;
+
+    let out = std::process::Command::new("curl")
+        .args(["-s", &host.url("/metrics")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = format!(
+        "kairos_runs_total{{plan=\"task\",outcome=\"expired\"}} {}\n",
+        items.len() + 1
+    );
+    assert!(text.contains(&line), "no `{line}` in:\n{text}");
+}
+
+/// Polls a queue's failed list until it holds at least `n` tasks.
+async fn wait_for_failed(api: &Api, queue: &str, n: usize, within: Duration) -> Vec<Value> {
+    let start = std::time::Instant::now();
+    loop {
+        let (_, failed) = api.get(&format!("/queues/{queue}/failed")).await;
+        let items = failed["items"].as_array().cloned().unwrap_or_default();
+        if items.len() >= n || start.elapsed() > within {
+            return items;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use kairos_e2e::{fast_flags, flags_with, now_ms, Api, Host, RedisServer, Sink};
+use kairos_e2e::{flags, now_ms, Api, Host, RedisServer, Sink};
 use redis::AsyncCommands;
 use serde_json::json;
 
@@ -15,10 +15,9 @@ async fn a_live_host_hands_back_plans_it_holds_but_lost_track_of() {
     let sink = Sink::start().await;
     let host = Host::start(
         &redis.url(),
-        &flags_with(
-            fast_flags(),
+        &flags(
+            &sink,
             &[
-                ("--gateway-url", &sink.base_url()),
                 ("--request-timeout", "1s"),
                 ("--birth-delay-limit-time", "60s"),
             ],
@@ -34,13 +33,31 @@ async fn a_live_host_hands_back_plans_it_holds_but_lost_track_of() {
     // Forge what a lost reply leaves behind: the Plans are held by this live host, one
     // Preset and one Running (its run "started" 6 s ago), nothing in its memory.
     let mut conn = redis.conn().await;
+    let ks = redis.keyspace().await;
+    // The host listens before it has taken its shards; a shard taken after the forgery
+    // would hand the Plans back by its takeover, not by the audit under test.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for id in ["orphan-preset", "orphan-running"] {
+        let owner = format!("{}owner", ks.life(id).prefix);
+        loop {
+            let who: Option<String> = conn.hget(&owner, "host").await.unwrap();
+            if who.as_deref() == Some(host.host_id.as_str()) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{id}'s shard never taken"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
     let past = now_ms() - 6_000;
-    let held = format!("kairos:held:{}", host.host_id);
     for (id, state) in [("orphan-preset", "Preset"), ("orphan-running", "Running")] {
+        let k = ks.life(id);
         let plan = format!("{id}:birth");
-        let _: () = conn.zrem("kairos:due", &plan).await.unwrap();
+        let _: () = conn.zrem(k.due(), &plan).await.unwrap();
         let _: () = redis::cmd("HSET")
-            .arg(format!("kairos:plan:{plan}"))
+            .arg(k.plan(&plan))
             .arg(&[
                 "state",
                 state,
@@ -54,15 +71,19 @@ async fn a_live_host_hands_back_plans_it_holds_but_lost_track_of() {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let _: () = conn.zadd(&held, &plan, past).await.unwrap();
+        let _: () = conn.zadd(k.held(), &plan, past).await.unwrap();
     }
     let _: () = conn
-        .hset("kairos:plan:orphan-running:birth", "attempts", 1)
+        .hset(
+            ks.life("orphan-running").plan("orphan-running:birth"),
+            "attempts",
+            1,
+        )
         .await
         .unwrap();
 
-    // The audit (cutoff: twice the 2 s lease plus the 1 s request timeout) hands both back;
-    // they are claimed again and fire once each.
+    // The audit (every second: what this host holds in Redis and does not track) hands
+    // both back; they are claimed again and fire once each.
     sink.wait_until("both orphans fired", Duration::from_secs(15), |got| {
         ["orphan-preset", "orphan-running"]
             .iter()
@@ -81,11 +102,19 @@ async fn a_live_host_hands_back_plans_it_holds_but_lost_track_of() {
                 sink.received_for(id)[0].header("x-kairos-execution-count"),
                 Some("2")
             );
+            // The cut-off attempt is in the history too, with the host it ran on.
+            let history = kairos_e2e::history(&life);
+            let interrupted: Vec<_> = history
+                .iter()
+                .filter(|r| r["outcome"] == "interrupted")
+                .collect();
+            assert_eq!(interrupted.len(), 1, "{history:#?}");
+            assert_eq!(interrupted[0]["attempt"], 1);
+            assert_eq!(interrupted[0]["host"], host.host_id.as_str());
         }
     }
-    let left: i64 = conn.zcard(&held).await.unwrap();
-    assert_eq!(left, 0);
+    assert_eq!(redis.zcard_all("held").await, 0);
     assert!(host
         .log_text()
-        .contains("handed back held Plans long past due"));
+        .contains("handed back held Plans this host no longer tracked"));
 }

@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use kairos_e2e::{fast_flags, flags_with, Host, RedisServer};
+use kairos_e2e::{fast_flags, flags_with, kairos_bin, Host, RedisServer};
 
 /// (command, expected output lines) in document order.
 fn session(doc: &str) -> Vec<(String, Vec<String>)> {
@@ -59,8 +59,11 @@ fn the_documented_session_is_what_redis_shows() {
         ),
     );
     for (cmd, expected) in steps {
-        let real = if let Some(args) = cmd.strip_prefix("redis-cli ") {
+        // The session reads the managed Redis through its socket; here, the test's own.
+        let real = if let Some(args) = cmd.strip_prefix("redis-cli -s .kairos-data/redis.sock ") {
             format!("redis-cli -p {} --no-raw {args}", redis.port)
+        } else if let Some(args) = cmd.strip_prefix("kairos ") {
+            format!("{} {args}", kairos_bin().display())
         } else {
             cmd.replace("localhost:8080", &host.addr.to_string())
         };

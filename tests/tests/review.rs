@@ -90,7 +90,8 @@ async fn force_delete_during_a_term_birth_is_not_undone_by_the_birth_finishing()
         .filter(|r| is_plan("death")(r))
         .count();
     assert_eq!(deaths, 1, "{life:#}");
-    assert!(zscore(&redis, "kairos:finished", id).await.is_some());
+    let k = redis.keyspace().await.resource("res-force-term").clone();
+    assert!(zscore(&redis, &k.finished(), id).await.is_some());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -273,7 +274,8 @@ async fn patch_moves_the_death_of_an_alive_life() {
     api.wait_life(id, Duration::from_secs(5), |l| state(l) == "Alive")
         .await;
     // The death Plan is pending (Standby in `due`, or Preset: claimed in the look-ahead).
-    let dstate = hget(&redis, &format!("kairos:plan:{id}:death"), "state").await;
+    let k = redis.keyspace().await.life(id).clone();
+    let dstate = hget(&redis, &k.plan(&format!("{id}:death")), "state").await;
     assert!(
         matches!(dstate.as_deref(), Some("Standby" | "Preset")),
         "{dstate:?}"
@@ -373,46 +375,46 @@ async fn a_run_ending_after_its_life_was_swept_leaves_no_zombie() {
     // host that lost the Plan (stalled past its lease) can still finish a run after the
     // Life is gone. Remove the Life's keys as the sweep would, while the call is under way.
     let mut conn = redis.conn().await;
+    let k = redis.keyspace().await.life(id).clone();
     let _: () = redis::cmd("DEL")
-        .arg(format!("kairos:life:{id}"))
-        .arg(format!("kairos:plan:{id}:birth"))
+        .arg(k.life(id))
+        .arg(k.plan(&format!("{id}:birth")))
         .query_async(&mut conn)
         .await
         .unwrap();
     // The call returns (3.5 s after it started) and its outcome is recorded.
     tokio::time::sleep(Duration::from_millis(3000)).await;
-    let key = format!("kairos:life:{id}");
+    let key = k.life(id);
     let zombie = exists(&redis, &key).await;
     let (status, view) = api.get(&format!("/schedules/{id}")).await;
     assert!(
         !zombie,
         "a swept Life came back as a bare hash (state {:?}, finished: {:?}); GET answers {status}: {view:#}",
         hget(&redis, &key, "state").await,
-        zscore(&redis, "kairos:finished", id).await,
+        zscore(&redis, &k.finished(), id).await,
     );
 }
 
 // ---------------------------------------------------------------------------------------
-// GUARD. A Plan kept waiting by a busy resource lock, long past due, is handed back by
-// the self-audit and claimed again; the stale timer entry fails its fence, and the Plan
-// runs exactly once when the lock frees.
+// GUARD. A Plan kept waiting by an earlier, unfinished Plan of its resource, long past
+// due, stays with its host (the audit hands back only what a host does not track) and
+// runs exactly once when the earlier Plan ends.
 // ---------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn guard_a_busy_plan_handed_back_by_the_audit_runs_once() {
+async fn guard_a_plan_waiting_for_its_resource_runs_once_when_it_frees() {
     let redis = RedisServer::start();
     let sink = Sink::start().await;
-    // Audit cutoff: 2 x lease (2 s) + request_timeout (1 s) = 5 s past due.
     let host = Host::start(&redis.url(), &flags(&sink, &[("--request-timeout", "1s")]));
     let api = Api::new(&host);
 
-    // Another (phantom) Plan holds the resource for 8 s.
+    // An earlier (phantom) Plan of the resource is unfinished for the next 7 s.
     let mut conn = redis.conn().await;
-    let _: () = redis::cmd("SET")
-        .arg("kairos:lock:res-busy")
+    let k = redis.keyspace().await.resource("res-busy").clone();
+    let _: () = redis::cmd("ZADD")
+        .arg(k.order("res-busy"))
+        .arg(now_ms() - 60_000)
         .arg("phantom:birth")
-        .arg("PX")
-        .arg(8000)
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -421,22 +423,36 @@ async fn guard_a_busy_plan_handed_back_by_the_audit_runs_once() {
     let mut body = point(id, birth_ms, hook(id));
     body["resource_id"] = json!("res-busy");
     book(&api, &body).await;
+    tokio::time::sleep(Duration::from_millis(7000)).await;
+    assert!(
+        sink.received_for(id).is_empty(),
+        "ran while an earlier Plan of its resource was unfinished"
+    );
+    let claims_while_waiting = hget(&redis, &k.plan(&format!("{id}:birth")), "claims")
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ZREM")
+        .arg(k.order("res-busy"))
+        .arg("phantom:birth")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
 
     let life = api
-        .wait_life(id, Duration::from_secs(14), |l| state(l) == "Dead")
+        .wait_life(id, Duration::from_secs(5), |l| state(l) == "Dead")
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(sink.received_for(id).len(), 1, "{life:#}");
-    let claims: i64 = hget(&redis, &format!("kairos:plan:{id}:birth"), "claims")
-        .await
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(
-        claims >= 2,
-        "the audit was expected to hand the Plan back at least once (claims {claims})"
+    assert_eq!(
+        hget(&redis, &k.plan(&format!("{id}:birth")), "claims").await,
+        Some(claims_while_waiting),
+        "the waiting Plan stayed with its host under one claim"
     );
-    assert!(!exists(&redis, "kairos:lock:res-busy").await);
+    assert_eq!(
+        redis.zcard(&k.order("res-busy")).await,
+        0,
+        "it left the order set"
+    );
 }
 
 // ---------------------------------------------------------------------------------------
@@ -479,7 +495,12 @@ async fn guard_delete_during_a_death_retry_wait_runs_the_death_now() {
         .await;
     assert_eq!(plan(&life, "death")["attempts"], 2, "{life:#}");
     assert_eq!(
-        zscore(&redis, "kairos:due", &format!("{id}:death")).await,
+        zscore(
+            &redis,
+            &redis.keyspace().await.life(id).due(),
+            &format!("{id}:death")
+        )
+        .await,
         None
     );
 }

@@ -126,8 +126,41 @@ async fn runs_its_own_redis_keeps_bookings_across_restarts_and_stops_it() {
     let (status, life) = second.api().get("/schedules/kept").await;
     assert_eq!(status, 200, "{life}");
     assert_eq!(life["state"], "Inexistent");
+    // Its Redis never evicts, has a memory limit (half of the machine's by default),
+    // and syncs its append-only file every second.
+    assert_eq!(redis_config(&socket, "maxmemory-policy"), "noeviction");
+    assert!(redis_config(&socket, "maxmemory").parse::<u64>().unwrap() > 0);
+    assert_eq!(redis_config(&socket, "appendfsync"), "everysec");
     second.stop();
     assert!(!redis_on_socket_answers(&socket));
+
+    // Asked for, a smaller limit and an fsync before every answer.
+    let mut strict = args.to_vec();
+    strict.extend(["--redis-maxmemory", "64mb", "--durability", "always"]);
+    let third = Serve::start(&strict, &[]);
+    assert_eq!(
+        redis_config(&socket, "maxmemory"),
+        (64u64 << 20).to_string()
+    );
+    assert_eq!(redis_config(&socket, "appendfsync"), "always");
+    let (_, metrics) = third.api().text("/metrics").await;
+    assert!(
+        metrics.contains(r#"kairos_redis_info{maxmemory_policy="noeviction",appendonly="yes",appendfsync="always"} 1"#),
+        "{metrics}"
+    );
+    third.stop();
+}
+
+/// A setting of the redis-server on `socket`, as CONFIG GET answers it.
+fn redis_config(socket: &std::path::Path, name: &str) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-s")
+        .arg(socket)
+        .args(["CONFIG", "GET", name])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.lines().nth(1).unwrap_or_default().trim().to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,8 +314,41 @@ async fn a_redis_left_running_by_a_killed_host_is_adopted_then_stopped() {
         orphan_pids,
         "the orphan is adopted, not joined by a second server on the same files"
     );
+    // The adopted server is supervised like one of its own: when it dies, a new one
+    // starts on its data.
+    for pid in &orphan_pids {
+        Command::new("kill").args(["-9", pid]).status().unwrap();
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let pids = redis_pids(&socket);
+        if !pids.is_empty() && pids != orphan_pids && redis_on_socket_answers(&socket) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no redis-server took the adopted one's place"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (status, _) = second.api().get("/schedules/adopted").await;
+        if status == 200 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the booking is not back after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let log = second.stop();
     assert!(log.contains("adopting it"), "{log}");
+    assert!(
+        log.contains("the adopted redis-server stopped answering"),
+        "{log}"
+    );
     assert!(
         !redis_on_socket_answers(&socket),
         "the adopted redis-server stops with kairos"

@@ -1,5 +1,6 @@
 //! Recurring timers (SPEC section 5) end to end: real redis-server, real kairos hosts,
-//! a real HTTP sink. The DST rules are unit-tested in `host/src/schedule.rs`.
+//! a real HTTP sink. The DST rules are unit-tested in `host/src/schedule/`; fire times are
+//! checked against an independent cron implementation by `scripts/cron_oracle.py`.
 
 use std::time::Duration;
 
@@ -402,5 +403,544 @@ async fn a_run_past_its_timeout_fails_and_is_retried() {
     assert!(
         scheduled(&view),
         "a failed run leaves the schedule going: {view:#}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The unix cron dialect (issue: cron that means what people mean). Fire times against an
+// independent oracle are checked by scripts/cron_oracle.py; these check the forms end to
+// end through the API, a real timer firing, and timers written by the previous dialect.
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_minute_in_five_fields_fires_within_its_minute() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+
+    let (status, reply) = api
+        .post("/timers", &timer("minutely", "* * * * *", "minutely"))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["description"], "Every minute");
+    assert_eq!(reply["dst_rule"], "elapsed");
+    let first = reply["preview_ms"][0].as_i64().unwrap();
+    assert_eq!(first % 60_000, 0, "a 5-field schedule fires at second 0");
+    assert!(first > now_ms() && first <= now_ms() + 60_000, "{reply:#}");
+
+    let got = sink.wait_count(1, Duration::from_secs(75)).await;
+    let call = got
+        .iter()
+        .find(|r| r.header("x-kairos-timer") == Some("minutely"))
+        .expect("the timer called the sink");
+    assert_eq!(eta(call), first, "it ran its first slot");
+    assert!(
+        call.at_ms >= first && call.at_ms - first < 1_000,
+        "called {} ms after its minute began",
+        call.at_ms - first
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_form_of_the_dialect_books_and_previews_as_cron_does() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+
+    // From Thursday 2026-11-26 12:00 UTC, each schedule's next three fire times.
+    let from = "2026-11-26T12:00:00Z";
+    let cases = [
+        (
+            "weekdays",
+            "0 9 * * 1-5",
+            "At 09:00, Monday through Friday",
+            [
+                "2026-11-27T09:00:00Z",
+                "2026-11-30T09:00:00Z",
+                "2026-12-01T09:00:00Z",
+            ],
+        ),
+        (
+            "weekdays-s",
+            "0 0 9 * * MON-FRI",
+            "At 09:00, Monday through Friday",
+            [
+                "2026-11-27T09:00:00Z",
+                "2026-11-30T09:00:00Z",
+                "2026-12-01T09:00:00Z",
+            ],
+        ),
+        (
+            "either-day",
+            "0 0 1,15 * 3",
+            "At 00:00, on days 1 and 15 of the month, and Wednesday",
+            [
+                "2026-12-01T00:00:00Z",
+                "2026-12-02T00:00:00Z",
+                "2026-12-09T00:00:00Z",
+            ],
+        ),
+        (
+            "last-day",
+            "0 18 L * *",
+            "At 18:00, on the last day of the month",
+            [
+                "2026-11-30T18:00:00Z",
+                "2026-12-31T18:00:00Z",
+                "2027-01-31T18:00:00Z",
+            ],
+        ),
+        (
+            "last-weekday",
+            "0 18 LW * *",
+            "At 18:00, on the last weekday of the month",
+            [
+                "2026-11-30T18:00:00Z",
+                "2026-12-31T18:00:00Z",
+                "2027-01-29T18:00:00Z",
+            ],
+        ),
+        (
+            "nearest",
+            "0 8 15W * *",
+            "At 08:00, on the weekday nearest day 15",
+            [
+                "2026-12-15T08:00:00Z",
+                "2027-01-15T08:00:00Z",
+                "2027-02-15T08:00:00Z",
+            ],
+        ),
+        (
+            "last-friday",
+            "30 17 * * 5L",
+            "At 17:30, the last Friday of the month",
+            [
+                "2026-11-27T17:30:00Z",
+                "2026-12-25T17:30:00Z",
+                "2027-01-29T17:30:00Z",
+            ],
+        ),
+        (
+            "second-monday",
+            "0 10 * * 1#2",
+            "At 10:00, the second Monday of the month",
+            [
+                "2026-12-14T10:00:00Z",
+                "2027-01-11T10:00:00Z",
+                "2027-02-08T10:00:00Z",
+            ],
+        ),
+        (
+            "weekly",
+            "@weekly",
+            "At 00:00, Sunday",
+            [
+                "2026-11-29T00:00:00Z",
+                "2026-12-06T00:00:00Z",
+                "2026-12-13T00:00:00Z",
+            ],
+        ),
+        (
+            "yearly",
+            "@yearly",
+            "At 00:00, on day 1 of the month, in January",
+            [
+                "2027-01-01T00:00:00Z",
+                "2028-01-01T00:00:00Z",
+                "2029-01-01T00:00:00Z",
+            ],
+        ),
+    ];
+    for (name, schedule, description, want) in cases {
+        let body =
+            json!({"name": name, "schedule": schedule, "timezone": "UTC", "action": hook(name)});
+        let (status, reply) = api.post("/timers", &body).await;
+        assert_eq!(status, 200, "{schedule}: {reply}");
+        assert_eq!(reply["description"], description, "{schedule}");
+        let (status, view) = api
+            .get(&format!("/timers/{name}?preview=3&from={from}"))
+            .await;
+        assert_eq!(status, 200, "{view}");
+        assert_eq!(view["preview"], json!(want), "{schedule}");
+        // The same answer without a timer, from POST /timers/validate.
+        let (status, checked) = api
+            .post(
+                "/timers/validate",
+                &json!({"schedule": schedule, "timezone": "UTC", "from": from, "preview": 3}),
+            )
+            .await;
+        assert_eq!(status, 200, "{checked}");
+        assert_eq!(checked["preview"], json!(want), "{schedule}");
+        assert_eq!(checked["description"], description);
+        let key = redis.keyspace().await.timer(name).timer(name);
+        let stored = redis.cli(&["HGET", &key, "dialect"]);
+        assert_eq!(stored.trim(), "\"unix\"", "{name}");
+    }
+
+    // A preview from any instant, whatever the timer's state: the London spring change.
+    let (status, _) = api.post("/timers/weekdays/deactivate", &json!({})).await;
+    assert_eq!(status, 200);
+    let (status, view) = api
+        .patch(
+            "/timers/weekdays",
+            &json!({"schedule": "30 1 * * *", "timezone": "Europe/London"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{view}");
+    let (_, view) = api
+        .get("/timers/weekdays?preview=2&from=2026-03-28T12:00:00Z")
+        .await;
+    assert_eq!(
+        view["preview"],
+        json!(["2026-03-29T02:00:00+01:00", "2026-03-30T01:30:00+01:00"]),
+        "01:30 does not exist on 29 March: it runs as the clocks jump"
+    );
+    assert_eq!(view["dst_rule"], "wall_clock");
+
+    // Refusals name the field and the value, store nothing, and answer 400.
+    for (schedule, message) in [
+        ("0 9 * * 8", "day of week: 8 is out of 0-7"),
+        (
+            "0 0 30 2 *",
+            "day of month: no month named has a day 30, so this never fires",
+        ),
+        ("@fortnightly", "is not a macro"),
+        ("0 9 * *", "has 4 fields"),
+    ] {
+        let body = json!({"name": "bad", "schedule": schedule, "action": hook("bad")});
+        let (status, reply) = api.post("/timers", &body).await;
+        assert_eq!(status, 400, "{schedule}: {reply}");
+        assert_eq!(reply["error"]["code"], "invalid_schedule");
+        assert!(
+            reply["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(message),
+            "{schedule}: {reply}"
+        );
+        let (status, reply) = api
+            .post("/timers/validate", &json!({"schedule": schedule}))
+            .await;
+        assert_eq!(status, 400, "{reply}");
+    }
+    let (status, _) = api.get("/timers/bad").await;
+    assert_eq!(status, 404);
+    let (status, reply) = api
+        .post(
+            "/timers/validate",
+            &json!({"schedule": "@daily", "timezone": "Mars/Olympus"}),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (400, Some("invalid_timezone"))
+    );
+}
+
+/// Timers written by the previous build (kept as an RDB under tests/fixtures, with the
+/// fire times that build previewed) keep their fire times: their schedules are rewritten
+/// into the unix dialect at startup (`1-5`, which meant Sunday to Thursday, becomes
+/// `SUN-THU`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_written_by_the_previous_dialect_keep_their_fire_times() {
+    let dir = fixtures_dir().join("legacy-timers");
+    let redis = RedisServer::start_from_rdb(&dir.join("dump.rdb"));
+    // Written before shards too: moved into them first (tests/tests/migrate.rs).
+    migrate(&redis);
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+
+    let captured_at: i64 = std::fs::read_to_string(dir.join("captured_at_ms"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let previews = std::fs::read_to_string(dir.join("previews.jsonl")).unwrap();
+    let mut seen = 0;
+    for line in previews.lines() {
+        let old: Value = serde_json::from_str(line).unwrap();
+        let name = old["name"].as_str().unwrap();
+        let want = &old["preview_ms"];
+        let (status, view) = api
+            .get(&format!(
+                "/timers/{name}?preview=40&from={}",
+                rfc3339_ms(captured_at)
+            ))
+            .await;
+        assert_eq!(status, 200, "{view}");
+        assert_eq!(
+            &view["preview_ms"], want,
+            "{name}: {} became {}",
+            old["schedule"], view["schedule"]
+        );
+        let key = redis.keyspace().await.timer(name).timer(name);
+        let dialect = redis.cli(&["HGET", &key, "dialect"]);
+        assert_eq!(dialect.trim(), "\"unix\"", "{name} was rewritten");
+        let legacy = redis.cli(&["HGET", &key, "schedule_legacy"]);
+        assert_eq!(
+            legacy.trim().trim_matches('"'),
+            old["schedule"].as_str().unwrap()
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 10);
+    let (_, weekdays) = api.get("/timers/weekdays").await;
+    assert_eq!(weekdays["schedule"], "0 0 9 * * SUN-THU");
+    assert_eq!(weekdays["description"], "At 09:00, Sunday through Thursday");
+    let (_, midweek) = api.get("/timers/midweek").await;
+    assert_eq!(
+        midweek["schedule"], "0 30 8 1,15 * +WED",
+        "both day fields still needed"
+    );
+}
+
+/// Stops `host`, waits `down` while slots of an every-second timer pass, and starts a
+/// new host; returns it and when it started.
+async fn downtime(redis: &RedisServer, sink: &Sink, mut host: Host, down: Duration) -> (Host, i64) {
+    assert!(host.terminate(Duration::from_secs(10)));
+    tokio::time::sleep(down).await;
+    let restarted_at = now_ms();
+    (Host::start(&redis.url(), &flags(sink, &[])), restarted_at)
+}
+
+/// Runs of the timer's history that were made (not skipped), oldest first.
+fn made(history: &[Value]) -> Vec<&Value> {
+    let mut made: Vec<&Value> = history
+        .iter()
+        .filter(|r| r["outcome"] != "skipped")
+        .collect();
+    made.sort_by_key(|r| r["started_at"].as_i64());
+    made
+}
+
+/// Quartz's and Temporal's catch-up: `fire_all` runs each missed slot, oldest first, one
+/// at a time, at most `catch_up_limit` late runs; the rest are logged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fire_all_runs_at_most_catch_up_limit_late_runs_in_order() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let mut body = timer("all", "*/1 * * * * *", "all");
+    body["misfire"] = json!("fire_all");
+    body["catch_up_limit"] = json!(3);
+    let (status, view) = api.post("/timers", &body).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(
+        (view["misfire"].clone(), view["catch_up_limit"].clone()),
+        (json!("fire_all"), json!(3))
+    );
+    sink.wait_until("a tick", Duration::from_secs(5), |r| !r.is_empty())
+        .await;
+    // About six slots pass with no host up.
+    let (host, restarted_at) = downtime(&redis, &sink, host, Duration::from_millis(6_000)).await;
+    let api = Api::new(&host);
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    api.post("/timers/all/deactivate", &json!({})).await;
+    let history = runs(&api, "all").await;
+    let late: Vec<&Value> = made(&history)
+        .into_iter()
+        .filter(|r| r["started_at"].as_i64().unwrap() >= restarted_at)
+        .filter(|r| r["should_run_at"].as_i64().unwrap() < restarted_at - 1_000)
+        .collect();
+    assert_eq!(
+        late.len(),
+        3,
+        "exactly catch_up_limit late runs: {history:#?}"
+    );
+    let slots: Vec<i64> = late
+        .iter()
+        .map(|r| r["should_run_at"].as_i64().unwrap())
+        .collect();
+    assert!(
+        slots.windows(2).all(|w| w[1] - w[0] == 1_000),
+        "the oldest missed slots, in order: {slots:?}"
+    );
+    let over = history
+        .iter()
+        .find(|r| {
+            r["outcome"] == "skipped" && r["reason"].as_str().unwrap().contains("catch_up_limit")
+        })
+        .unwrap_or_else(|| panic!("no skip record past the limit: {history:#?}"));
+    assert!(over["skipped"].as_i64().unwrap() >= 1, "{over}");
+    assert!(over["should_run_at"].as_i64().unwrap() > *slots.last().unwrap());
+    // Then it went on with its ordinary slots.
+    assert!(
+        made(&history)
+            .iter()
+            .any(|r| r["should_run_at"].as_i64().unwrap() > restarted_at),
+        "{history:#?}"
+    );
+    assert_eq!(sink.max_concurrent(""), 1, "catch-up runs never overlap");
+}
+
+/// Kubernetes' `startingDeadlineSeconds` with `misfire: skip`: a slot that cannot start
+/// within the deadline is not run; with `fire_once` it runs once for all that was missed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_past_its_starting_deadline_is_skipped_unless_fire_once() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    for (name, misfire) in [("strict", "skip"), ("once", "fire_once")] {
+        let mut body = timer(name, "*/1 * * * * *", name);
+        body["misfire"] = json!(misfire);
+        body["starting_deadline"] = json!("1s");
+        let (status, view) = api.post("/timers", &body).await;
+        assert_eq!(status, 200, "{view}");
+        assert_eq!(view["starting_deadline"], 1.0, "{view}");
+    }
+    sink.wait_until("both ticking", Duration::from_secs(5), |r| {
+        ["strict", "once"]
+            .iter()
+            .all(|n| r.iter().any(|r| r.header("x-kairos-timer") == Some(n)))
+    })
+    .await;
+    let (host, restarted_at) = downtime(&redis, &sink, host, Duration::from_millis(3_500)).await;
+    let api = Api::new(&host);
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    for name in ["strict", "once"] {
+        api.post(&format!("/timers/{name}/deactivate"), &json!({}))
+            .await;
+    }
+    // Calls after the restart for slots from before it (a late run keeps its slot as ETA).
+    let late_calls = |name: &str| {
+        calls(&sink, name)
+            .iter()
+            .filter(|r| r.at_ms >= restarted_at && eta(r) < restarted_at - 1_000)
+            .count()
+    };
+    assert_eq!(
+        late_calls("strict"),
+        0,
+        "the overdue slot ran past its deadline"
+    );
+    assert_eq!(
+        late_calls("once"),
+        1,
+        "fire_once runs the overdue slot once"
+    );
+    let history = runs(&api, "strict").await;
+    let skipped = history
+        .iter()
+        .find(|r| {
+            r["outcome"] == "skipped"
+                && r["error"]
+                    .as_str()
+                    .is_some_and(|e| e.contains("starting deadline"))
+        })
+        .unwrap_or_else(|| panic!("no run skipped for its deadline: {history:#?}"));
+    assert!(
+        skipped["should_run_at"].as_i64().unwrap() < restarted_at,
+        "{skipped}"
+    );
+    assert!(
+        made(&history)
+            .iter()
+            .any(|r| r["should_run_at"].as_i64().unwrap() > restarted_at),
+        "it goes on with its next slots: {history:#?}"
+    );
+}
+
+/// `overlap: buffer_one`: a slot that comes while the run is going runs as soon as it
+/// ends, instead of being skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buffer_one_runs_the_overlapping_slot_when_the_run_ends() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.set_delay(Duration::from_millis(1_500));
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let mut body = timer("buf", "*/1 * * * * *", "buf");
+    body["overlap"] = json!("buffer_one");
+    let (status, view) = api.post("/timers", &body).await;
+    assert_eq!(status, 200, "{view}");
+    tokio::time::sleep(Duration::from_millis(8_000)).await;
+    api.post("/timers/buf/deactivate", &json!({})).await;
+    assert_eq!(sink.max_concurrent(""), 1, "never two runs at once");
+    let history = runs(&api, "buf").await;
+    let made = made(&history);
+    assert!(made.len() >= 4, "{history:#?}");
+    // Each run after the first starts as the one before ends, for a slot that came
+    // while it was going.
+    let mut buffered = 0;
+    for w in made.windows(2) {
+        let ended = w[0]["started_at"].as_i64().unwrap() + w[0]["duration_ms"].as_i64().unwrap();
+        let (started, slot) = (
+            w[1]["started_at"].as_i64().unwrap(),
+            w[1]["should_run_at"].as_i64().unwrap(),
+        );
+        if started - ended < 400 && slot < started - 200 {
+            buffered += 1;
+        }
+    }
+    assert!(buffered >= 2, "runs did not follow each other: {made:#?}");
+    assert!(
+        history
+            .iter()
+            .any(|r| r["outcome"] == "skipped"
+                && r["reason"].as_str().unwrap().contains("buffer_one")),
+        "the slots beyond the one buffered are logged: {history:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclude_dates_and_the_policy_fields_are_checked_and_shown() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let mut body = timer("daily", "0 9 * * *", "daily");
+    body["timezone"] = json!("Europe/Paris");
+    body["exclude_dates"] = json!(["2030-01-02", "2030-01-04"]);
+    let (status, view) = api.post("/timers", &body).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["exclude_dates"], json!(["2030-01-02", "2030-01-04"]));
+    assert_eq!(view["misfire"], "skip");
+    assert_eq!(view["overlap"], "skip");
+    let (_, view) = api
+        .get("/timers/daily?preview=3&from=2030-01-01T00:00:00Z")
+        .await;
+    assert_eq!(
+        view["preview"],
+        json!([
+            "2030-01-01T09:00:00+01:00",
+            "2030-01-03T09:00:00+01:00",
+            "2030-01-05T09:00:00+01:00"
+        ]),
+        "{view:#}"
+    );
+    // PATCH replaces the list.
+    let (status, view) = api
+        .patch("/timers/daily", &json!({"exclude_dates": []}))
+        .await;
+    assert_eq!(status, 200, "{view}");
+    let (_, view) = api
+        .get("/timers/daily?preview=2&from=2030-01-01T00:00:00Z")
+        .await;
+    assert_eq!(
+        view["preview"],
+        json!(["2030-01-01T09:00:00+01:00", "2030-01-02T09:00:00+01:00"])
+    );
+    for (field, value) in [
+        ("misfire", json!("later")),
+        ("overlap", json!("cancel_running")),
+        ("overlap", json!("queue")),
+        ("catch_up_limit", json!(0)),
+        ("exclude_dates", json!(["2030-02-30"])),
+    ] {
+        let (status, reply) = api.patch("/timers/daily", &json!({field: value})).await;
+        assert_eq!(status, 400, "{field}: {reply}");
+        assert_eq!(reply["error"]["code"], "invalid_timer_policy", "{reply}");
+    }
+    let (status, reply) = api
+        .patch("/timers/daily", &json!({"starting_deadline": "400d"}))
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].clone()),
+        (400, json!("invalid_duration"))
     );
 }

@@ -6,12 +6,12 @@
 //! reported as status 599 so that `execution_retry_codes` can retry it.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use axum::http::{HeaderName, HeaderValue, Method, Request, Uri};
 use bytes::Bytes;
 use hmac::{Hmac, Mac};
+use http::{HeaderName, HeaderValue, Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -20,7 +20,7 @@ use hyper_util::rt::TokioExecutor;
 use sha2::Sha256;
 
 use crate::model::WebhookAction;
-use crate::outbound::OutboundPolicy;
+use crate::outbound::{OutboundPolicy, PolicyResolver};
 
 /// Status reported for a connect error or a timeout.
 pub const STATUS_CONNECT_ERROR: u16 = 599;
@@ -50,6 +50,24 @@ pub struct CallResult {
     pub output: Option<serde_json::Value>,
     /// A plugin's log lines, for the Plan's history.
     pub logs: Vec<String>,
+    /// How long the target asked to wait before the next attempt (its `Retry-After`,
+    /// RFC 9110 section 10.2.3), in ms.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// Reads a `Retry-After` value at `now`: delay-seconds or an HTTP-date (a date in the
+/// past is no wait); None when it is neither.
+pub fn parse_retry_after(text: &str, now: std::time::SystemTime) -> Option<u64> {
+    let text = text.trim();
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(text.parse::<u64>().unwrap_or(u64::MAX).saturating_mul(1000));
+    }
+    let at = httpdate::parse_http_date(text).ok()?;
+    Some(
+        at.duration_since(now)
+            .map(|d| d.as_millis().min(u64::MAX as u128) as u64)
+            .unwrap_or(0),
+    )
 }
 
 impl CallResult {
@@ -59,19 +77,24 @@ impl CallResult {
     }
 }
 
-type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+/// The connector of every outbound call: names resolved through the outbound policy.
+pub type PolicyConnector = HttpsConnector<HttpConnector<PolicyResolver>>;
+type HttpClient = Client<PolicyConnector, Full<Bytes>>;
 
 /// A keep-alive client for http:// and https:// targets, shared by webhooks and plugins
-/// (SPEC section 7: one outbound path).
+/// (SPEC section 7: one outbound path). Names are resolved by `resolver`, which keeps
+/// only the addresses the outbound policy allows, so a connection never goes to an
+/// address that was not checked.
 pub fn pooled_client<B>(
     tls: rustls::ClientConfig,
     connect_timeout: Duration,
-) -> Client<HttpsConnector<HttpConnector>, B>
+    resolver: PolicyResolver,
+) -> Client<PolicyConnector, B>
 where
     B: hyper::body::Body + Send + 'static,
     B::Data: Send,
 {
-    let mut connector = HttpConnector::new();
+    let mut connector = HttpConnector::new_with_resolver(resolver);
     connector.set_connect_timeout(Some(connect_timeout));
     connector.set_nodelay(true);
     connector.enforce_http(false);
@@ -125,7 +148,7 @@ pub struct WebhookAgent {
     clients: Mutex<HashMap<u64, HttpClient>>,
     tls: rustls::ClientConfig,
     gateway_url: Option<String>,
-    policy: OutboundPolicy,
+    policy: Arc<OutboundPolicy>,
     signing_key: Option<Vec<u8>>,
     default_connect_timeout: Duration,
     default_request_timeout: Duration,
@@ -135,7 +158,7 @@ pub struct WebhookAgent {
 impl WebhookAgent {
     pub fn new(
         gateway_url: Option<String>,
-        policy: OutboundPolicy,
+        policy: Arc<OutboundPolicy>,
         signing_key: Option<String>,
         default_connect_timeout: Duration,
         default_request_timeout: Duration,
@@ -159,7 +182,13 @@ impl WebhookAgent {
         let mut clients = self.clients.lock().expect("webhook client map poisoned");
         clients
             .entry(key)
-            .or_insert_with(|| pooled_client(self.tls.clone(), connect_timeout))
+            .or_insert_with(|| {
+                pooled_client(
+                    self.tls.clone(),
+                    connect_timeout,
+                    PolicyResolver::new(self.policy.clone(), false),
+                )
+            })
             .clone()
     }
 
@@ -192,8 +221,25 @@ impl WebhookAgent {
                 "{uri}: only http:// and https:// targets can be called"
             ));
         }
-        if let Err(denied) = self.policy.check(&uri).await {
-            return refused(denied);
+        let request_timeout = action
+            .request_timeout_ms
+            .map(Duration::from_millis)
+            .unwrap_or(self.default_request_timeout);
+        // The policy's DNS lookup counts against the request's time too.
+        let started = tokio::time::Instant::now();
+        match tokio::time::timeout(request_timeout, self.policy.check(&uri)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(denied)) => return refused(denied),
+            Err(_) => {
+                return CallResult {
+                    status: Some(STATUS_CONNECT_ERROR),
+                    error: Some(format!(
+                        "the target's name did not resolve within the request timeout of {} ms",
+                        request_timeout.as_millis()
+                    )),
+                    ..Default::default()
+                }
+            }
         }
         let (body, is_json) = match &action.body {
             None => (Bytes::new(), false),
@@ -210,6 +256,10 @@ impl WebhookAgent {
         let mut request = Request::builder().method(method).uri(uri);
         let headers = request.headers_mut().expect("builder is valid so far");
         for (name, value) in &action.headers {
+            if is_host_header(name) {
+                // Only the host sets these: targets trust them (SPEC section 3).
+                continue;
+            }
             if let (Ok(n), Ok(v)) = (
                 HeaderName::from_bytes(name.as_bytes()),
                 HeaderValue::from_str(value),
@@ -254,15 +304,17 @@ impl WebhookAgent {
             .connect_timeout_ms
             .map(Duration::from_millis)
             .unwrap_or(self.default_connect_timeout);
-        let request_timeout = action
-            .request_timeout_ms
-            .map(Duration::from_millis)
-            .unwrap_or(self.default_request_timeout);
+        let request_timeout = request_timeout.saturating_sub(started.elapsed());
         let client = self.client(connect_timeout);
         let limit = self.response_body_limit;
         let exchange = async move {
             let response = client.request(request).await?;
             let status = response.status().as_u16();
+            let retry_after_ms = response
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| parse_retry_after(v, std::time::SystemTime::now()));
             // Read (and drop) at most `limit` bytes so the connection can be reused; a
             // larger body is cut off and its connection closed.
             let mut body = response.into_body();
@@ -273,12 +325,13 @@ impl WebhookAgent {
                     Some(Err(_)) | None => break,
                 }
             }
-            Ok::<u16, hyper_util::client::legacy::Error>(status)
+            Ok::<_, hyper_util::client::legacy::Error>((status, retry_after_ms))
         };
         match tokio::time::timeout(request_timeout, exchange).await {
-            Ok(Ok(status)) => CallResult {
+            Ok(Ok((status, retry_after_ms))) => CallResult {
                 status: Some(status),
                 error: (!(200..300).contains(&status)).then(|| format!("target answered {status}")),
+                retry_after_ms: retry_after_ms.filter(|_| !(200..300).contains(&status)),
                 ..Default::default()
             },
             Ok(Err(e)) => CallResult {
@@ -296,6 +349,14 @@ impl WebhookAgent {
             },
         }
     }
+}
+
+/// Headers only the host sets on a call (`X-Kairos-*`, `Idempotency-Key`): a copy in
+/// an action's `headers` or a deferred request is dropped, never forwarded, since
+/// targets trust them to come from kairos.
+pub fn is_host_header(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    name.starts_with("x-kairos-") || name == "idempotency-key"
 }
 
 fn error_chain(e: &dyn std::error::Error) -> String {

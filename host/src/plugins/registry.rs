@@ -1,28 +1,29 @@
 //! The plugin registry in Redis: names, versions, limits and component bytes.
 //!
-//! Keys (under the prefix, see docs/redis-layout.md):
+//! Keys (under `{prefix}:{plugins}:`, one Redis Cluster slot, see docs/redis-layout.md):
 //! - `plugins`: set of registered names;
 //! - `plugin:{name}`: hash of the latest version (`version`, `digest`, `size`,
 //!   `allowed_hosts`, `memory_mb`, `timeout_ms`, `uploaded_at`, `uploaded_at_ms`);
 //! - `plugin:{name}:v{n}`: the same hash for every version, never changed once written;
-//! - `plugin:{name}:lives`: the Lives booked with the plugin (`book.lua` adds them);
 //! - `wasm:{sha256}`: the component's bytes, shared by every version with that digest;
 //! - `wasm-refs`: hash of digest → number of versions that use it;
 //! - `plugin-versions`: hash of name → the last version ever given to it, kept through a
 //!   DELETE so that a version number never names two different uploads.
+//!
+//! The Lives booked with a plugin are in their shards (`plugin-lives:{name}`), which
+//! `DELETE` counts through the store before it deletes.
 //!
 //! Every host reads the registry when a plugin action fires, so a new upload is used by
 //! the next firing on every host without a restart.
 
 use std::collections::HashMap;
 
-use redis::aio::ConnectionManager;
 use redis::{AsyncCommands, Script};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
-use crate::store::Keys;
+use crate::store::Conn;
 
 /// One version of a plugin, as registered.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -144,43 +145,25 @@ return version
 "#;
 
 const DELETE_SCRIPT: &str = r#"
--- KEYS: 1 plugins set, 2 latest hash, 3 lives set, 4 wasm-refs;
--- ARGV: 1 prefix, 2 name, 3 force ('1' or '0')
+-- KEYS: 1 plugins set, 2 latest hash, 3 wasm-refs;
+-- ARGV: 1 prefix, 2 name, 3 force ('1' or '0'), 4 unfinished Lives and timers using it
+-- (counted across the shards by the caller)
 if redis.call('EXISTS', KEYS[2]) == 0 then return {'missing', 0} end
-local unfinished = 0
-for _, uuid in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  local state = redis.call('HGET', ARGV[1] .. 'life:' .. uuid, 'state')
-  if state == 'Inexistent' or state == 'Alive' then
-    unfinished = unfinished + 1
-  else
-    redis.call('SREM', KEYS[3], uuid)
-  end
-end
--- Timers keep their action in their hash; there are few of them, so look at each.
-for _, timer in ipairs(redis.call('ZRANGE', ARGV[1] .. 'timers', 0, -1)) do
-  local action = redis.call('HGET', ARGV[1] .. 'timer:' .. timer, 'action')
-  if action then
-    local ok, decoded = pcall(cjson.decode, action)
-    if ok and type(decoded) == 'table' and type(decoded.plugin) == 'string'
-        and string.match(decoded.plugin, '^[^@]+') == ARGV[2] then
-      unfinished = unfinished + 1
-    end
-  end
-end
+local unfinished = tonumber(ARGV[4])
 if unfinished > 0 and ARGV[3] ~= '1' then return {'in_use', unfinished} end
 local latest = tonumber(redis.call('HGET', KEYS[2], 'version'))
 for v = 1, latest do
   local key = ARGV[1] .. 'plugin:' .. ARGV[2] .. ':v' .. v
   local digest = redis.call('HGET', key, 'digest')
   if digest then
-    if redis.call('HINCRBY', KEYS[4], digest, -1) <= 0 then
-      redis.call('HDEL', KEYS[4], digest)
+    if redis.call('HINCRBY', KEYS[3], digest, -1) <= 0 then
+      redis.call('HDEL', KEYS[3], digest)
       redis.call('DEL', ARGV[1] .. 'wasm:' .. digest)
     end
     redis.call('DEL', key)
   end
 end
-redis.call('DEL', KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2])
 redis.call('SREM', KEYS[1], ARGV[2])
 return {'deleted', unfinished}
 "#;
@@ -188,24 +171,25 @@ return {'deleted', unfinished}
 /// Reads and writes the registry keys.
 #[derive(Clone)]
 pub struct Registry {
-    conn: ConnectionManager,
-    keys: Keys,
+    conn: Conn,
+    /// `{key_prefix}:{plugins}:`.
+    prefix: String,
     put: std::sync::Arc<Script>,
     delete: std::sync::Arc<Script>,
 }
 
 impl Registry {
-    pub fn new(conn: ConnectionManager, keys: Keys) -> Self {
+    pub fn new(conn: Conn, prefix: String) -> Self {
         Registry {
             conn,
-            keys,
+            prefix,
             put: std::sync::Arc::new(Script::new(PUT_SCRIPT)),
             delete: std::sync::Arc::new(Script::new(DELETE_SCRIPT)),
         }
     }
 
     fn key(&self, rest: &str) -> String {
-        format!("{}{rest}", self.keys.prefix)
+        format!("{}{rest}", self.prefix)
     }
 
     fn latest_key(&self, name: &str) -> String {
@@ -234,7 +218,7 @@ impl Registry {
             .key(self.latest_key(name))
             .key(self.key("wasm-refs"))
             .key(self.key(&format!("wasm:{digest}")))
-            .arg(&self.keys.prefix)
+            .arg(&self.prefix)
             .arg(name)
             .arg(&digest)
             .arg(bytes.len())
@@ -341,19 +325,24 @@ impl Registry {
         Ok(hashes.iter().filter_map(PluginMeta::from_hash).collect())
     }
 
-    /// Deletes `name` and all its versions, unless unfinished Lives use it and `force`
-    /// is false.
-    pub async fn delete(&self, name: &str, force: bool) -> Result<DeleteOutcome, ApiError> {
+    /// Deletes `name` and all its versions, unless `unfinished` Lives and timers use it
+    /// (the store counts them across the shards) and `force` is false.
+    pub async fn delete(
+        &self,
+        name: &str,
+        force: bool,
+        unfinished: u64,
+    ) -> Result<DeleteOutcome, ApiError> {
         let mut conn = self.conn.clone();
         let (word, unfinished): (String, u64) = self
             .delete
             .key(self.key("plugins"))
             .key(self.latest_key(name))
-            .key(self.keys.plugin_lives(name))
             .key(self.key("wasm-refs"))
-            .arg(&self.keys.prefix)
+            .arg(&self.prefix)
             .arg(name)
             .arg(if force { "1" } else { "0" })
+            .arg(unfinished)
             .invoke_async(&mut conn)
             .await?;
         Ok(match word.as_str() {

@@ -20,13 +20,13 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::{OnceCell, Semaphore};
-use wasmtime::component::{Component, HasSelf, Linker};
+use wasmtime::component::{Component, HasSelf, Linker, WasmStr};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
 
 use super::bindings::kairos::plugin::types as wit;
-use super::bindings::{Action as ActionWorld, ActionPre};
+use super::bindings::ActionPre;
 use super::registry::{PluginMeta, Registry};
-use super::sandbox::{LogSink, Outbound, PluginClient, Sandbox};
+use super::sandbox::{LogSink, Outbound, PluginClient, Sandbox, MAX_LOG_BYTES};
 use crate::bookings::Bookings;
 use crate::config::AllowedHost;
 use crate::model::PlanKind;
@@ -38,13 +38,93 @@ const EPOCH_TICK: Duration = Duration::from_millis(10);
 pub const MAX_MEMORY_MB: u32 = 1024;
 /// Output kept in history, and bytes of a plugin's error message.
 const MAX_OUTPUT_BYTES: usize = 4096;
+/// The most bytes one value passed from a plugin to the host may have (wasmtime's
+/// "hostcall fuel", 128 MiB by default): above the REST body limit a booking may have,
+/// far below what would strain the host.
+pub const HOSTCALL_FUEL: usize = 16 << 20;
+
+/// Components kept pre-linked in memory.
+pub const MAX_RESIDENT_COMPONENTS: usize = 64;
+/// Compiled artifacts kept in the disk cache, and their total size: past either, the
+/// least recently used files go.
+pub const MAX_CACHED_ARTIFACTS: usize = 256;
+pub const MAX_CACHED_BYTES: u64 = 2 << 30;
+
+/// The in-memory components: by digest, with when each was last used.
+/// A digest's component, filled once on first use.
+type Slot = Arc<OnceCell<ActionPre<Sandbox>>>;
+
+#[derive(Default)]
+struct Resident {
+    by_digest: HashMap<String, (Slot, u64)>,
+    uses: u64,
+}
+
+impl Resident {
+    fn get(&mut self, digest: &str) -> Slot {
+        self.uses += 1;
+        let uses = self.uses;
+        if let Some((cell, used)) = self.by_digest.get_mut(digest) {
+            *used = uses;
+            return cell.clone();
+        }
+        if self.by_digest.len() >= MAX_RESIDENT_COMPONENTS {
+            let oldest = self
+                .by_digest
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(d, _)| d.clone());
+            if let Some(oldest) = oldest {
+                self.by_digest.remove(&oldest);
+            }
+        }
+        let cell = Arc::new(OnceCell::new());
+        self.by_digest
+            .insert(digest.to_string(), (cell.clone(), uses));
+        cell
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.by_digest.len()
+    }
+}
+
+/// Removes the least recently used artifacts of the disk cache beyond
+/// [`MAX_CACHED_ARTIFACTS`] files or [`MAX_CACHED_BYTES`] bytes.
+fn prune_cache(dir: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let mut files: Vec<(std::time::SystemTime, u64, PathBuf)> = entries
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let meta = e.metadata().ok()?;
+            if !meta.is_file() {
+                return None;
+            }
+            Some((meta.modified().ok()?, meta.len(), e.path()))
+        })
+        .collect();
+    files.sort_by_key(|f| std::cmp::Reverse(f.0));
+    let mut kept_bytes = 0u64;
+    for (i, (_, len, path)) in files.iter().enumerate() {
+        kept_bytes += len;
+        if i >= MAX_CACHED_ARTIFACTS || kept_bytes > MAX_CACHED_BYTES {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
 
 /// What the runtime needs from the host's configuration.
 pub struct RuntimeSettings {
     pub instances: u32,
     pub cache_dir: PathBuf,
     pub policy: Arc<OutboundPolicy>,
+    /// For targets the plugin's own `allowed_hosts` names.
     pub client: PluginClient,
+    /// For targets it reaches only through `*`: public addresses only, when connecting.
+    pub public_client: PluginClient,
     pub response_limit: usize,
     pub request_timeout: Duration,
     /// Bytes of each linear memory and table the pool resets in place instead of
@@ -73,8 +153,11 @@ pub struct InvokeContext {
 pub enum Failure {
     /// The plugin returned an error.
     Plugin { message: String, retryable: bool },
-    /// The guest trapped (panic, memory cap, stack overflow...).
+    /// The guest trapped (memory cap, stack overflow...).
     Trap(String),
+    /// The guest panicked (a Rust `panic!`: a trap whose message it wrote to stderr):
+    /// where and what it said.
+    Panic(String),
     /// The wall-time deadline passed.
     Timeout(u64),
     /// The plugin could not be found or compiled.
@@ -98,11 +181,54 @@ impl Failure {
         match self {
             Failure::Plugin { message, .. } => format!("plugin {plugin}: {message}"),
             Failure::Trap(trap) => format!("plugin {plugin} trapped: {trap}"),
+            Failure::Panic(what) => format!("plugin {plugin} panicked at {what}"),
             Failure::Timeout(ms) => {
                 format!("plugin {plugin} ran past its {ms} ms deadline and was stopped")
             }
             Failure::Setup(why) | Failure::Unavailable(why) => format!("plugin {plugin}: {why}"),
         }
+    }
+}
+
+/// Makes a failure say what the run's logs know: a trap that a Rust panic caused is a
+/// panic, with its place and message (and the panic's hint to set RUST_BACKTRACE,
+/// which cannot apply in the sandbox, is dropped from the logs); a plugin error after a
+/// request the host denied names the list that denied it (the guest only learns that
+/// its request was denied, not why).
+fn explain(failure: Failure, logs: &mut Vec<String>) -> Failure {
+    logs.retain(|line| !(line.starts_with("stderr: note: run with `RUST_BACKTRACE")));
+    match failure {
+        Failure::Trap(trap) => {
+            let panic = logs
+                .iter()
+                .position(|line| line.starts_with("stderr: ") && line.contains(" panicked at "));
+            let Some(at) = panic else {
+                return Failure::Trap(trap);
+            };
+            let place = logs[at]
+                .split_once(" panicked at ")
+                .map(|(_, place)| place.trim_end_matches(':'))
+                .unwrap_or("");
+            let message = logs
+                .get(at + 1)
+                .and_then(|line| line.strip_prefix("stderr: "))
+                .unwrap_or(&trap);
+            Failure::Panic(prefix(&format!("{place}: {message}"), MAX_OUTPUT_BYTES).to_string())
+        }
+        Failure::Plugin { message, retryable } => {
+            let denial = logs
+                .iter()
+                .find_map(|line| line.strip_prefix("denied: outbound policy: "));
+            match denial {
+                Some(why) if !message.contains(why) => Failure::Plugin {
+                    message: prefix(&format!("{message} (denied: {why})"), MAX_OUTPUT_BYTES)
+                        .to_string(),
+                    retryable,
+                },
+                _ => Failure::Plugin { message, retryable },
+            }
+        }
+        other => other,
     }
 }
 
@@ -122,8 +248,9 @@ pub struct PluginRuntime {
     bookings: Arc<Bookings>,
     settings: RuntimeSettings,
     /// Pre-linked components by digest; filled once per digest even under concurrent
-    /// first uses.
-    loaded: Mutex<HashMap<String, Arc<OnceCell<ActionPre<Sandbox>>>>>,
+    /// first uses. At most [`MAX_RESIDENT_COMPONENTS`], the least recently used going
+    /// first (a run under way keeps its own reference).
+    loaded: Mutex<Resident>,
     /// One slot per pooled instance.
     slots: Arc<Semaphore>,
     /// Parsed `allowed_hosts` by plugin digest and list.
@@ -182,10 +309,27 @@ impl PluginRuntime {
             &mut linker,
             |s| s,
         ))?;
-        link(log::add_to_linker::<_, HasSelf<Sandbox>>(
-            &mut linker,
-            |s| s,
-        ))?;
+        // `log` is linked by hand, not through the generated bindings, so that a line is
+        // read from the guest's memory only up to what the run's log keeps: a plugin
+        // cannot make the host copy a gigabyte to drop it.
+        link(
+            linker
+                .instance("kairos:plugin/log@0.1.0")
+                .and_then(|mut log| {
+                    log.func_wrap(
+                        "log",
+                        |mut store: wasmtime::StoreContextMut<'_, Sandbox>,
+                         (level, message): (log::Level, WasmStr)| {
+                            let line = {
+                                let text = message.to_str(&store)?;
+                                format!("{}: {}", level_name(level), prefix(&text, MAX_LOG_BYTES))
+                            };
+                            store.data_mut().logs.push(line);
+                            Ok(())
+                        },
+                    )
+                }),
+        )?;
         link(schedule::add_to_linker::<_, HasSelf<Sandbox>>(
             &mut linker,
             |s| s,
@@ -209,7 +353,7 @@ impl PluginRuntime {
             registry,
             bookings,
             settings,
-            loaded: Mutex::new(HashMap::new()),
+            loaded: Mutex::new(Resident::default()),
             slots,
             allowed: Mutex::new(HashMap::new()),
         }))
@@ -262,13 +406,7 @@ impl PluginRuntime {
 
     /// The pre-linked component of a digest: from memory, the disk cache, or Redis.
     async fn load(&self, digest: &str) -> Result<ActionPre<Sandbox>, Failure> {
-        let cell = self
-            .loaded
-            .lock()
-            .expect("plugin cache")
-            .entry(digest.to_string())
-            .or_default()
-            .clone();
+        let cell = self.loaded.lock().expect("plugin cache").get(digest);
         cell.get_or_try_init(|| self.load_uncached(digest))
             .await
             .cloned()
@@ -282,6 +420,10 @@ impl PluginRuntime {
             move || {
                 let file = std::fs::read(&path).ok()?;
                 let artifact = checked_artifact(&file)?;
+                // Marks it recently used, for the cache's pruning.
+                if let Ok(f) = std::fs::File::options().append(true).open(&path) {
+                    let _ = f.set_modified(std::time::SystemTime::now());
+                }
                 // SAFETY: the bytes are, checksum verified, what an engine with this
                 // compatibility hash serialized (below) into this host's own data
                 // directory; deserialize also checks the engine settings they were made
@@ -317,6 +459,9 @@ impl PluginRuntime {
                         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
                         if std::fs::write(&tmp, serialized).is_ok() {
                             let _ = std::fs::rename(&tmp, &path);
+                        }
+                        if let Some(dir) = path.parent() {
+                            prune_cache(dir);
                         }
                     }
                     Ok::<_, wasmtime::Error>(component)
@@ -389,6 +534,7 @@ impl PluginRuntime {
             policy: self.settings.policy.clone(),
             allowed: self.allowed_hosts(meta),
             client: self.settings.client.clone(),
+            public_client: self.settings.public_client.clone(),
             response_limit: self.settings.response_limit,
             request_timeout: self.settings.request_timeout,
             logs: logs.clone(),
@@ -400,6 +546,10 @@ impl PluginRuntime {
             Sandbox::new(outbound, memory, self.bookings.clone(), meta.name.clone()),
         );
         store.limiter(|s| &mut s.limits);
+        // The most one value may carry from the plugin into the host (a log line, the
+        // output, a booking): more traps the run. Log lines and the output are then read
+        // only as far as the history keeps them (see `run` below and the `log` import).
+        store.set_hostcall_fuel(HOSTCALL_FUEL);
         store.set_epoch_deadline(1);
         store.epoch_deadline_async_yield_and_update(1);
         let wit_ctx = wit::Context {
@@ -414,27 +564,37 @@ impl PluginRuntime {
             plugin_name: meta.name.clone(),
             plugin_version: meta.version,
         };
+        // `run` is called through a typed function whose strings stay in the guest's
+        // memory (`WasmStr`) until the host copies the part it keeps: the output and the
+        // error message go into the Plan's history (and so Redis), at most
+        // MAX_OUTPUT_BYTES of each, and nothing larger ever crosses into the host.
         let call = async {
-            let action: ActionWorld = pre.instantiate_async(&mut store).await?;
-            action.call_run(&mut store, &wit_ctx, input).await
+            let instance = pre.instance_pre().instantiate_async(&mut store).await?;
+            let run = instance
+                .get_typed_func::<(wit::Context, &str), (Result<WasmStr, ErrorRef>,)>(
+                    &mut store, "run",
+                )?;
+            let (answer,) = run.call_async(&mut store, (wit_ctx, input)).await?;
+            let kept = match answer {
+                Ok(output) => Ok(prefix(&output.to_str(&store)?, MAX_OUTPUT_BYTES).to_string()),
+                Err(e) => Err((
+                    prefix(&e.message.to_str(&store)?, MAX_OUTPUT_BYTES).to_string(),
+                    e.retryable,
+                )),
+            };
+            Ok::<_, wasmtime::Error>(kept)
         };
         let result = match tokio::time::timeout(Duration::from_millis(meta.timeout_ms), call).await
         {
             Err(_) => Err(Failure::Timeout(meta.timeout_ms)),
             Ok(Err(trap)) => Err(Failure::Trap(root(&trap))),
-            // The message goes into the Plan's history (and so Redis) like the output,
-            // so it is bounded the same way.
-            Ok(Ok(Err(e))) => Err(Failure::Plugin {
-                message: truncated(e.message, MAX_OUTPUT_BYTES),
-                retryable: e.retryable,
-            }),
-            Ok(Ok(Ok(output))) => Ok(truncated(output, MAX_OUTPUT_BYTES)),
+            Ok(Ok(Err((message, retryable)))) => Err(Failure::Plugin { message, retryable }),
+            Ok(Ok(Ok(output))) => Ok(output),
         };
         drop(store);
-        Invocation {
-            result,
-            logs: logs.take(),
-        }
+        let mut logs = logs.take();
+        let result = result.map_err(|failure| explain(failure, &mut logs));
+        Invocation { result, logs }
     }
 
     /// Loads a plugin for the benchmark, which then calls `invoke_loaded` directly.
@@ -459,16 +619,35 @@ fn checked_artifact(file: &[u8]) -> Option<&[u8]> {
     (Sha256::digest(artifact).as_slice() == sum).then_some(artifact)
 }
 
-/// The first `max` bytes of `text`, cut at a character boundary.
-fn truncated(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut cut = max;
-        while !text.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        text.truncate(cut);
+/// A `plugin-error` as `run` returns it, its message left in the guest's memory.
+#[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
+#[component(record)]
+struct ErrorRef {
+    message: WasmStr,
+    retryable: bool,
+}
+
+fn level_name(level: super::bindings::kairos::plugin::log::Level) -> &'static str {
+    use super::bindings::kairos::plugin::log::Level;
+    match level {
+        Level::Trace => "trace",
+        Level::Debug => "debug",
+        Level::Info => "info",
+        Level::Warn => "warn",
+        Level::Error => "error",
     }
-    text
+}
+
+/// The first `max` bytes of `text`, cut at a character boundary, borrowed.
+fn prefix(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// The innermost cause of a wasmtime error, which names the trap.
@@ -482,8 +661,12 @@ fn root(e: &wasmtime::Error) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{checked_artifact, truncated, Failure};
+    use super::{
+        checked_artifact, prefix, prune_cache, Failure, Resident, MAX_CACHED_ARTIFACTS,
+        MAX_RESIDENT_COMPONENTS,
+    };
     use sha2::{Digest, Sha256};
+    use std::sync::Arc;
 
     #[test]
     fn a_cache_file_is_used_only_when_its_checksum_matches() {
@@ -501,10 +684,47 @@ mod tests {
 
     #[test]
     fn long_texts_are_cut_at_a_character_boundary() {
-        assert_eq!(truncated("abc".into(), 4), "abc");
-        assert_eq!(truncated("abcdef".into(), 4), "abcd");
+        assert_eq!(prefix("abc", 4), "abc");
+        assert_eq!(prefix("abcdef", 4), "abcd");
         // "é" is two bytes: cutting after 3 bytes would split it.
-        assert_eq!(truncated("abé".into(), 3), "ab");
+        assert_eq!(prefix("abé", 3), "ab");
+    }
+
+    #[test]
+    fn resident_components_are_bounded_least_recently_used_first() {
+        let mut resident = Resident::default();
+        let first = resident.get("d0");
+        for i in 1..MAX_RESIDENT_COMPONENTS {
+            resident.get(&format!("d{i}"));
+        }
+        // d0 used again: d1 is now the least recently used.
+        assert!(Arc::ptr_eq(&first, &resident.get("d0")));
+        resident.get("new");
+        assert_eq!(resident.len(), MAX_RESIDENT_COMPONENTS);
+        assert!(resident.by_digest.contains_key("d0"));
+        assert!(!resident.by_digest.contains_key("d1"));
+    }
+
+    #[test]
+    fn the_disk_cache_keeps_the_newest_artifacts() {
+        let dir = std::env::temp_dir().join(format!("kairos-prune-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let now = std::time::SystemTime::now();
+        for i in 0..MAX_CACHED_ARTIFACTS + 10 {
+            let path = dir.join(format!("{i:04}.cwasm"));
+            std::fs::write(&path, b"x").unwrap();
+            let f = std::fs::File::options().append(true).open(&path).unwrap();
+            f.set_modified(now - std::time::Duration::from_secs((1000 - i) as u64))
+                .unwrap();
+        }
+        prune_cache(&dir);
+        let left = std::fs::read_dir(&dir).unwrap().count();
+        assert_eq!(left, MAX_CACHED_ARTIFACTS);
+        assert!(!dir.join("0000.cwasm").exists(), "the oldest goes");
+        assert!(dir
+            .join(format!("{:04}.cwasm", MAX_CACHED_ARTIFACTS + 9))
+            .exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

@@ -13,10 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::http;
 use http_body_util::{BodyExt, Limited};
-use hyper_rustls::HttpsConnector;
-use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use wasmtime::component::ResourceTable;
 use wasmtime::{StoreLimits, StoreLimitsBuilder};
@@ -24,7 +21,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
-use super::bindings::kairos::plugin::{log, schedule, types};
+use super::bindings::kairos::plugin::{schedule, types};
 use crate::bookings::Bookings;
 use crate::config::AllowedHost;
 use crate::outbound::{host_port, OutboundPolicy};
@@ -47,7 +44,7 @@ pub const MAX_REQUESTS_IN_FLIGHT: usize = 8;
 /// The body type wasi-http hands to the hook.
 pub type WasiBody = wasmtime_wasi_http::WasiBody;
 /// The pooled client plugins send through.
-pub type PluginClient = Client<HttpsConnector<HttpConnector>, WasiBody>;
+pub type PluginClient = Client<crate::actions::webhook::PolicyConnector, WasiBody>;
 
 /// A run's log lines, shared by the log interface, stdout/stderr and the HTTP hook.
 #[derive(Clone, Default)]
@@ -172,6 +169,8 @@ pub struct Outbound {
     /// The plugin's own `allowed_hosts`; empty allows nothing.
     pub allowed: Arc<Vec<AllowedHost>>,
     pub client: PluginClient,
+    /// The client for targets granted only through `*` (public addresses only).
+    pub public_client: PluginClient,
     pub response_limit: usize,
     pub request_timeout: Duration,
     pub logs: LogSink,
@@ -233,30 +232,55 @@ impl WasiHttpHooks for Outbound {
         let policy = self.policy.clone();
         let allowed = self.allowed.clone();
         let client = self.client.clone();
+        let public_client = self.public_client.clone();
         let limit = self.response_limit;
         let timeout = self.request_timeout;
         let logs = self.logs.clone();
-        let in_flight = self.in_flight.clone();
+        // A request takes its place in the order the plugin made it: the place is asked
+        // for here, while the guest's call is still on the stack, not when the spawned
+        // future first runs (tasks start in any order). Places are held until a response
+        // body is dropped, so a plugin that waits for its requests in the order it made
+        // them (the common way) never waits on a later request that took the place of an
+        // earlier one.
+        let mut place = Box::pin(self.in_flight.clone().acquire_owned());
+        let early = place
+            .as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()));
         Box::new(async move {
             use wasmtime_wasi_http::Error;
             let uri = request.uri().clone();
-            let refusal = match plugin_allows(&allowed, &uri) {
-                Grant::Refused => Some(format!(
-                    "outbound policy: {uri} is not in this plugin's allowed_hosts"
-                )),
-                Grant::Named => policy.check(&uri).await.err(),
-                Grant::AnyPublic => policy.check_public(&uri).await.err(),
+            let grant = plugin_allows(&allowed, &uri);
+            // The policy's DNS lookup counts against the request's time too.
+            let deadline = tokio::time::Instant::now() + timeout;
+            let checked = tokio::time::timeout_at(deadline, async {
+                match grant {
+                    Grant::Refused => Some(format!(
+                        "outbound policy: {uri} is not in this plugin's allowed_hosts (given at upload: ?allowed_hosts=host:port)"
+                    )),
+                    Grant::Named => policy.check(&uri).await.err(),
+                    Grant::AnyPublic => policy.check_public(&uri).await.err(),
+                }
+            })
+            .await;
+            let Ok(refusal) = checked else {
+                return Err(Error::HttpResponseTimeout);
+            };
+            let client = if grant == Grant::AnyPublic {
+                public_client
+            } else {
+                client
             };
             if let Some(refusal) = refusal {
                 logs.push(format!("denied: {refusal}"));
                 return Err(Error::HttpRequestDenied);
             }
             // Held until the response body is dropped (or the request fails).
-            let permit = in_flight
-                .acquire_owned()
-                .await
-                .expect("the in-flight semaphore is never closed");
-            let response = match tokio::time::timeout(timeout, client.request(request)).await {
+            let permit = match early {
+                Poll::Ready(permit) => permit,
+                Poll::Pending => place.await,
+            }
+            .expect("the in-flight semaphore is never closed");
+            let response = match tokio::time::timeout_at(deadline, client.request(request)).await {
                 Err(_) => return Err(Error::HttpResponseTimeout),
                 Ok(Err(e)) if e.is_connect() => return Err(Error::ConnectionRefused),
                 Ok(Err(e)) => return Err(Error::InternalError(Some(e.to_string()))),
@@ -356,19 +380,6 @@ impl WasiHttpView for Sandbox {
 }
 
 impl types::Host for Sandbox {}
-
-impl log::Host for Sandbox {
-    fn log(&mut self, level: log::Level, message: String) {
-        let level = match level {
-            log::Level::Trace => "trace",
-            log::Level::Debug => "debug",
-            log::Level::Info => "info",
-            log::Level::Warn => "warn",
-            log::Level::Error => "error",
-        };
-        self.logs.push(format!("{level}: {message}"));
-    }
-}
 
 impl schedule::Host for Sandbox {
     async fn book(&mut self, request: String) -> Result<String, schedule::BookingError> {

@@ -8,29 +8,45 @@ use std::collections::HashMap;
 use redis::AsyncCommands;
 use serde_json::Value;
 
-use super::{Keys, Store};
+use super::Store;
 use crate::error::ApiError;
 
 /// Runs kept in a timer's runs list (skip records included).
 pub const TIMER_RUNS_KEPT: usize = 200;
 
-impl Keys {
-    pub fn timer(&self, name: &str) -> String {
-        format!("{}timer:{name}", self.prefix)
-    }
-    pub fn timer_plan(&self, name: &str) -> String {
-        format!("{}plan:{name}:timer", self.prefix)
-    }
-    pub fn timer_runs(&self, name: &str) -> String {
-        format!("{}timer:{name}:runs", self.prefix)
-    }
-    pub fn timers(&self) -> String {
-        format!("{}timers", self.prefix)
-    }
-}
+/// `schedule`, `timezone`, `version` and `dialect` of a timer hash.
+type TimerFinishFields = (
+    Option<String>,
+    Option<String>,
+    Option<String>,
+    Option<String>,
+);
 
-/// `schedule`, `timezone` and `version` of a timer hash.
-type TimerFinishFields = (Option<String>, Option<String>, Option<String>);
+/// The timer hash fields of its run policy (misfire, overlap, deadline, exclusions).
+const TIMER_POLICY_FIELDS: [&str; 6] = [
+    "misfire",
+    "catch_up_limit",
+    "catch_up_window_ms",
+    "overlap",
+    "starting_deadline_ms",
+    "exclude_dates",
+];
+
+/// A timer's schedule as the finisher reads it to choose the next slot.
+#[derive(Debug, Clone)]
+pub struct TimerSlot {
+    pub schedule: String,
+    /// `unix`, or None for a schedule written before the unix dialect.
+    pub dialect: Option<String>,
+    pub timezone: String,
+    pub version: String,
+    /// The slot the run just recorded was for.
+    pub slot_ms: Option<i64>,
+    /// The timer's hash fields of its run policy (see `timers::TimerPolicy`).
+    pub policy: HashMap<String, String>,
+    /// Late runs of the catch-up under way, this one included; 0 when none is.
+    pub catch_up_runs: u32,
+}
 
 /// When a timer's Plan should fire after a `timer_put`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,12 +78,25 @@ pub struct TimerFinish<'a> {
     /// `done`, `retry` or `failed`.
     pub outcome: &'a str,
     pub next: Option<(i64, String)>,
+    /// The slot the next run stands for, when it is not its fire time: a catch-up run
+    /// of a missed slot, or a buffered overlapping one, fired at once.
+    pub next_slot_ms: Option<i64>,
+    /// Late runs of the catch-up under way, the next one included (`fire_all`); 0 when
+    /// the next run is an ordinary slot.
+    pub catch_up_runs: u32,
     pub version: &'a str,
     pub record: String,
     pub skips: Vec<String>,
+    /// The callback to book with this run's outcome (see `store::Callback`).
+    pub callback: Option<super::Callback>,
 }
 
 impl Store {
+    /// The keys of the shard timer `name` lives in.
+    pub(crate) fn timer_keys(&self, name: &str) -> &super::ShardKeys {
+        self.shard(self.placement.timer(name))
+    }
+
     /// Creates (`create`) or changes (`update`, at `version`) a timer. `fields` are the
     /// definition's field/value pairs for the timer hash.
     #[allow(clippy::too_many_arguments)]
@@ -84,7 +113,10 @@ impl Store {
         notify_before_ms: i64,
         fields: &[(String, String)],
     ) -> Result<TimerPut, ApiError> {
-        let k = &self.keys;
+        if create {
+            self.memory.check_room(self.placement.timer(name))?;
+        }
+        let k = self.timer_keys(name);
         let (next_ms, next_rfc) = match next {
             NextRun::At(ms, rfc) => (ms.to_string(), rfc.clone()),
             NextRun::Keep => ("keep".to_string(), String::new()),
@@ -110,7 +142,7 @@ impl Store {
         for (field, value) in fields {
             invocation.arg(field).arg(value);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let reply: Vec<String> = invocation.invoke_async(&mut conn).await?;
         Ok(match reply.first().map(String::as_str) {
             Some("ok") => TimerPut::Ok(reply.get(1).cloned().unwrap_or_default()),
@@ -125,41 +157,52 @@ impl Store {
         &self,
         name: &str,
     ) -> Result<Option<(HashMap<String, String>, HashMap<String, String>)>, ApiError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let (timer, plan): (HashMap<String, String>, HashMap<String, String>) = redis::pipe()
-            .hgetall(self.keys.timer(name))
-            .hgetall(self.keys.timer_plan(name))
+            .hgetall(self.timer_keys(name).timer(name))
+            .hgetall(self.timer_keys(name).timer_plan(name))
             .query_async(&mut conn)
             .await?;
         Ok((!timer.is_empty()).then_some((timer, plan)))
     }
 
-    /// Every timer (hash and Plan hash), by name.
+    /// Every timer (hash and Plan hash), by name, from every shard.
     pub async fn timer_list(
         &self,
     ) -> Result<Vec<(String, HashMap<String, String>, HashMap<String, String>)>, ApiError> {
-        let mut conn = self.conn.clone();
-        let names: Vec<String> = conn.zrange(self.keys.timers(), 0, -1).await?;
-        if names.is_empty() {
-            return Ok(Vec::new());
-        }
-        let mut pipe = redis::pipe();
-        for name in &names {
-            pipe.hgetall(self.keys.timer(name))
-                .hgetall(self.keys.timer_plan(name));
-        }
-        let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut conn).await?;
-        let mut out = Vec::new();
-        let mut it = hashes.into_iter();
-        for name in names {
-            let (Some(timer), Some(plan)) = (it.next(), it.next()) else {
-                break;
-            };
-            if !timer.is_empty() {
-                out.push((name, timer, plan));
+        let reads = (0..self.shard_count()).map(|shard| {
+            let mut conn = self.conn();
+            let k = self.shard(shard);
+            async move {
+                let names: Vec<String> = conn.zrange(k.timers(), 0, -1).await?;
+                if names.is_empty() {
+                    return Ok::<_, redis::RedisError>(Vec::new());
+                }
+                let mut pipe = redis::pipe();
+                for name in &names {
+                    pipe.hgetall(k.timer(name)).hgetall(k.timer_plan(name));
+                }
+                let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut conn).await?;
+                let mut out = Vec::new();
+                let mut it = hashes.into_iter();
+                for name in names {
+                    let (Some(timer), Some(plan)) = (it.next(), it.next()) else {
+                        break;
+                    };
+                    if !timer.is_empty() {
+                        out.push((name, timer, plan));
+                    }
+                }
+                Ok(out)
             }
-        }
-        Ok(out)
+        });
+        let mut all: Vec<_> = futures_util::future::try_join_all(reads)
+            .await?
+            .into_iter()
+            .flatten()
+            .collect();
+        all.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(all)
     }
 
     /// Fires a timer now (`POST /timers/{name}/run`): 'ok' | 'missing' | 'running'.
@@ -169,8 +212,8 @@ impl Store {
         now_ms: i64,
         notify_before_ms: i64,
     ) -> Result<String, ApiError> {
-        let k = &self.keys;
-        let mut conn = self.conn.clone();
+        let k = self.timer_keys(name);
+        let mut conn = self.conn();
         Ok(self
             .scripts
             .timer_run
@@ -188,8 +231,8 @@ impl Store {
 
     /// Deletes a timer; false when there was none.
     pub async fn timer_delete(&self, name: &str) -> Result<bool, ApiError> {
-        let k = &self.keys;
-        let mut conn = self.conn.clone();
+        let k = self.timer_keys(name);
+        let mut conn = self.conn();
         let reply: String = self
             .scripts
             .timer_delete
@@ -205,11 +248,38 @@ impl Store {
         Ok(reply == "ok")
     }
 
+    /// Rewrites a timer's schedule from an earlier dialect (`scripts/timer_dialect.lua`):
+    /// true when this call rewrote it.
+    pub async fn timer_rewrite_dialect(
+        &self,
+        name: &str,
+        old: &str,
+        new: &str,
+        dialect: &str,
+    ) -> Result<bool, ApiError> {
+        let mut conn = self.conn();
+        let done: i64 = self
+            .scripts
+            .timer_dialect
+            .key(self.timer_keys(name).timer(name))
+            .arg(&self.timer_keys(name).prefix)
+            .arg(old)
+            .arg(new)
+            .arg(dialect)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(done == 1)
+    }
+
     /// The newest `limit` entries of a timer's runs list.
     pub async fn timer_runs(&self, name: &str, limit: usize) -> Result<Vec<Value>, ApiError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         let items: Vec<String> = conn
-            .lrange(self.keys.timer_runs(name), 0, limit as isize - 1)
+            .lrange(
+                self.timer_keys(name).timer_runs(name),
+                0,
+                limit as isize - 1,
+            )
             .await?;
         Ok(items
             .iter()
@@ -217,29 +287,45 @@ impl Store {
             .collect())
     }
 
-    /// What the finisher needs to compute a timer's next slot: `schedule`, `timezone`,
-    /// `version`, and the Plan's `slot_ms`. None when the timer is gone.
-    pub async fn timer_for_finish(
-        &self,
-        name: &str,
-    ) -> redis::RedisResult<Option<(String, String, String, Option<i64>)>> {
-        let mut conn = self.conn.clone();
-        let (def, slot): (TimerFinishFields, Option<String>) = redis::pipe()
-            .cmd("HMGET")
-            .arg(self.keys.timer(name))
-            .arg("schedule")
-            .arg("timezone")
-            .arg("version")
-            .hget(self.keys.timer_plan(name), "slot_ms")
-            .query_async(&mut conn)
-            .await?;
+    /// What the finisher needs to compute a timer's next slot. None when the timer is
+    /// gone.
+    pub async fn timer_for_finish(&self, name: &str) -> redis::RedisResult<Option<TimerSlot>> {
+        let mut conn = self.conn();
+        let (def, policy, slot): (TimerFinishFields, Vec<Option<String>>, Option<String>) =
+            redis::pipe()
+                .cmd("HMGET")
+                .arg(self.timer_keys(name).timer(name))
+                .arg("schedule")
+                .arg("timezone")
+                .arg("version")
+                .arg("dialect")
+                .cmd("HMGET")
+                .arg(self.timer_keys(name).timer(name))
+                .arg(&TIMER_POLICY_FIELDS[..])
+                .arg("catch_up_runs")
+                .hget(self.timer_keys(name).timer_plan(name), "slot_ms")
+                .query_async(&mut conn)
+                .await?;
+        let mut policy: HashMap<String, String> = TIMER_POLICY_FIELDS
+            .iter()
+            .chain(["catch_up_runs"].iter())
+            .zip(policy)
+            .filter_map(|(k, v)| Some((k.to_string(), v?)))
+            .collect();
+        let catch_up_runs = policy
+            .remove("catch_up_runs")
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
         Ok(match def {
-            (Some(schedule), Some(timezone), version) => Some((
+            (Some(schedule), Some(timezone), version, dialect) => Some(TimerSlot {
                 schedule,
+                dialect,
                 timezone,
-                version.unwrap_or_else(|| "0".into()),
-                slot.and_then(|s| s.parse().ok()),
-            )),
+                version: version.unwrap_or_else(|| "0".into()),
+                slot_ms: slot.and_then(|s| s.parse().ok()),
+                policy,
+                catch_up_runs,
+            }),
             _ => None,
         })
     }
@@ -253,14 +339,14 @@ impl Store {
         now_ms: i64,
         notify_before_ms: i64,
     ) -> redis::RedisResult<String> {
-        let k = &self.keys;
+        let k = self.timer_keys(run.name);
         let (next_ms, next_rfc) = match &run.next {
             Some((ms, rfc)) => (ms.to_string(), rfc.clone()),
             None => (String::new(), String::new()),
         };
         let mut invocation = self.scripts.finish_timer.prepare_invoke();
         invocation
-            .key(k.held(host))
+            .key(k.held())
             .key(k.due())
             .key(k.runs())
             .key(k.timer(run.name))
@@ -278,11 +364,22 @@ impl Store {
             .arg(now_ms)
             .arg(notify_before_ms)
             .arg(self.runs_max_len)
-            .arg(TIMER_RUNS_KEPT);
+            .arg(TIMER_RUNS_KEPT)
+            .arg(
+                run.next_slot_ms
+                    .map(|ms| ms.to_string())
+                    .unwrap_or_default(),
+            )
+            .arg(run.catch_up_runs);
+        let (callback, callback_action) = super::Callback::args(&run.callback);
+        invocation
+            .arg(callback)
+            .arg(callback_action)
+            .arg(self.fmt(now_ms));
         for skip in &run.skips {
             invocation.arg(skip);
         }
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn();
         invocation.invoke_async(&mut conn).await
     }
 }

@@ -2,10 +2,15 @@
 //! (redis-benchmark against the same redis-server). Prints a markdown report.
 //!
 //! `scripts/bench` builds a release kairos and runs this in release mode. Sections:
-//! `booking` (throughput over keep-alive with 64 clients, Redis memory per booking) and
+//! `booking` (throughput over keep-alive with 64 clients, Redis memory per booking),
+//! `durability` (the same with `appendfsync always`, what `--durability always` costs) and
 //! `firing` (lateness at 1,000 fires/s, highest sustained rate with p99 < 50 ms, 100,000
 //! Plans due within one second) and `queue` (tasks added in lists of 100, then delivered
-//! by a queue with no rate or concurrency limit). Pass section names to run only some.
+//! by a queue with no rate or concurrency limit) and `cpu` (Redis CPU per fire: claim,
+//! start and finish of 100,000 Plans, booking excluded, from `INFO cpu` and
+//! `INFO commandstats`) and `idempotency` (plain bookings, with an `Idempotency-Key`, and
+//! debounced, alternated). Pass section names to run only some; `KAIROS_BIN` picks the
+//! kairos binary (to measure another build against the same client).
 
 use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -141,6 +146,29 @@ async fn book_many(
     gateway_path: bool,
     fire_at: impl Fn(usize) -> i64 + Send + Sync + 'static,
 ) -> (f64, Vec<i64>) {
+    book_many_as(host, count, clients, gateway_path, Kind::Plain, fire_at).await
+}
+
+/// How the bookings of `book_many_as` are made.
+#[derive(Debug, Clone, PartialEq)]
+enum Kind {
+    Plain,
+    /// Each call with an `Idempotency-Key` of `{prefix}-{i}`.
+    Keyed(String),
+    /// Each call debounced under key `{prefix}-{i % 1000}`: a thousand windows, each
+    /// opened once and then merged into.
+    Debounced(String),
+}
+
+/// `book_many`, each call made as `kind` says.
+async fn book_many_as(
+    host: &Host,
+    count: usize,
+    clients: usize,
+    gateway_path: bool,
+    kind: Kind,
+    fire_at: impl Fn(usize) -> i64 + Send + Sync + 'static,
+) -> (f64, Vec<i64>) {
     let fire_at = Arc::new(fire_at);
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -149,6 +177,7 @@ async fn book_many(
         // One client (and so one keep-alive connection) per task.
         let api = Api::new(host);
         let (next, fire_at) = (next.clone(), fire_at.clone());
+        let kind = kind.clone();
         tasks.push(tokio::spawn(async move {
             let mut latencies = Vec::new();
             loop {
@@ -161,9 +190,24 @@ async fn book_many(
                 } else {
                     json!({"url": "http://example.com/hook", "method": "POST", "body": {"n": i}})
                 };
-                let body = json!({"schedule_type": "point", "birth_time": rfc3339_ms(fire_at(i)), "birth": action});
+                let body = match &kind {
+                    Kind::Debounced(p) => json!({"birth": action,
+                        "debounce": {"key": format!("{p}-{}", i % 1000), "period": "1h", "max_wait": "2h"}}),
+                    _ => json!({"schedule_type": "point", "birth_time": rfc3339_ms(fire_at(i)), "birth": action}),
+                };
+                let key = match &kind {
+                    Kind::Keyed(p) => Some(format!("{p}-{i}")),
+                    _ => None,
+                };
+                let headers: Vec<(&str, &str)> = key
+                    .iter()
+                    .map(|k| ("idempotency-key", k.as_str()))
+                    .collect();
+                let body = serde_json::to_vec(&body).unwrap();
                 let t = Instant::now();
-                let (status, reply) = api.post("/schedules", &body).await;
+                let (status, reply) = api
+                    .raw(hyper::Method::POST, "/schedules", body, &headers)
+                    .await;
                 assert_eq!(status, 200, "{reply}");
                 latencies.push(t.elapsed().as_micros() as i64);
             }
@@ -177,14 +221,12 @@ async fn book_many(
     (started.elapsed().as_secs_f64(), all)
 }
 
-async fn bench_booking() {
-    println!("## Booking\n");
-    let redis = RedisServer::start_with_fsync("everysec");
-    let ceiling_1 = redis_benchmark(redis.port, 1);
-    let ceiling_16 = redis_benchmark(redis.port, 16);
+/// Empties `redis` (after its ceiling was taken there) and starts the host the booking
+/// sections measure: no gateway to call, a 30 s guard so that far bookings are taken.
+async fn booking_host(redis: &RedisServer) -> Host {
     let mut conn = redis.conn().await;
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
-    let host = Host::start(
+    Host::start(
         &redis.url(),
         &flags_with(
             fast_flags(),
@@ -193,7 +235,17 @@ async fn bench_booking() {
                 ("--execution-guard-time", "30s"),
             ],
         ),
-    );
+    )
+}
+
+/// Booking throughput and memory on a Redis with `appendfsync` set to `fsync`
+/// (`everysec`, as `kairos serve` runs its own, or `always`, its `--durability always`).
+async fn bench_booking(fsync: &'static str) {
+    println!("## Booking, appendfsync {fsync}\n");
+    let redis = RedisServer::start_with_fsync(fsync);
+    let ceiling_1 = redis_benchmark(redis.port, 1);
+    let ceiling_16 = redis_benchmark(redis.port, 16);
+    let host = booking_host(&redis).await;
     // Warm up connections and scripts.
     let far = now_ms() + 86_400_000;
     book_many(&host, 2_000, 64, true, move |i| far + i as i64).await;
@@ -443,6 +495,195 @@ async fn bench_queue() {
     println!();
 }
 
+/// `used_cpu_sys + used_cpu_user` of a redis-server, in µs.
+async fn redis_cpu_us(redis: &RedisServer) -> f64 {
+    let mut conn = redis.conn().await;
+    let info: String = redis::cmd("INFO")
+        .arg("cpu")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    (field("used_cpu_sys") + field("used_cpu_user")) * 1e6
+}
+
+/// Redis CPU per fire: 100,000 point Plans due within one second, booked first with a
+/// look-ahead of one second, so that their claims, starts and finishes all fall in the
+/// measured span and the booking does not.
+async fn bench_cpu() {
+    println!(
+        "## Redis CPU per fire
+"
+    );
+    let redis = RedisServer::start_with_fsync("everysec");
+    let (sink_url, sink) = start_sink().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags_with(
+            fast_flags(),
+            &[
+                ("--gateway-url", sink_url.as_str()),
+                ("--execution-guard-time", "500ms"),
+                ("--max-claimed", "200000"),
+                ("--preset-execution-time", "1s"),
+            ],
+        ),
+    );
+    let count = 100_000usize;
+    let lead_ms = 4_000 + (count as i64 / 8);
+    let start = now_ms() + lead_ms;
+    let step = 1_000.0 / count as f64;
+    book_many(&host, count, 64, true, move |i| {
+        start + (i as f64 * step) as i64
+    })
+    .await;
+    let measure_from = start - 1_500;
+    assert!(
+        now_ms() < measure_from,
+        "booking took longer than the lead time"
+    );
+    tokio::time::sleep(Duration::from_millis((measure_from - now_ms()) as u64)).await;
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let before = redis_cpu_us(&redis).await;
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while sink.arrivals.lock().unwrap().len() < count {
+        assert!(Instant::now() < deadline, "not every Plan fired");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let last = sink
+        .arrivals
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, at)| *at)
+        .max()
+        .unwrap_or(start);
+    // The last finish batches are written just after the last call.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let after = redis_cpu_us(&redis).await;
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    // cmdstat_hset:calls=123,usec=456,...
+    let mut rows: Vec<(String, u64, u64)> = stats
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let get = |k: &str| -> u64 {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            Some((name.to_string(), get("calls"), get("usec")))
+        })
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.2));
+    let per_fire = (after - before) / count as f64;
+    let scripts: u64 = rows
+        .iter()
+        .filter(|r| r.0 == "evalsha" || r.0 == "eval")
+        .map(|r| r.1)
+        .sum();
+    let commands: u64 = rows
+        .iter()
+        .filter(|r| r.0 != "evalsha" && r.0 != "eval")
+        .map(|r| r.1)
+        .sum();
+    println!("| measure | result |\n|---|---|");
+    println!("| Redis CPU (`used_cpu_sys` + `used_cpu_user`) per fire, claim to finish | **{per_fire:.1} µs** |");
+    println!(
+        "| script calls / Redis commands (inside scripts too) per fire | {:.3} / {:.1} |",
+        scripts as f64 / count as f64,
+        commands as f64 / count as f64
+    );
+    println!(
+        "| 100,000 Plans due within one second, last call after the first fire time | {:.2} s |",
+        (last - start) as f64 / 1000.0
+    );
+    let top: Vec<String> = rows
+        .iter()
+        .take(8)
+        .map(|(n, calls, usec)| {
+            format!(
+                "{n} {:.2}/fire {:.1} µs/fire",
+                *calls as f64 / count as f64,
+                *usec as f64 / count as f64
+            )
+        })
+        .collect();
+    println!("| commands by time (commandstats) | {} |", top.join("; "));
+    println!();
+}
+
+/// What an `Idempotency-Key` and a debounce cost a booking: plain, keyed (every key new,
+/// as a client's first try) and debounced bookings (a thousand keys, each window opened
+/// once and then merged into) in alternating rounds on one host and Redis, with the
+/// ceiling taken on that Redis in the same run, and the Redis memory each adds.
+async fn bench_idempotency() {
+    println!("## Booking with an Idempotency-Key or a debounce, against plain\n");
+    let redis = RedisServer::start();
+    let ceiling_1 = redis_benchmark(redis.port, 1);
+    let host = booking_host(&redis).await;
+    let far = now_ms() + 30 * 86_400_000;
+    let per_round = 20_000;
+    let mut rows = Vec::new();
+    for round in 0..6 {
+        let kind = match round % 3 {
+            0 => Kind::Plain,
+            1 => Kind::Keyed(format!("bench-{round}")),
+            _ => Kind::Debounced(format!("bench-{round}")),
+        };
+        let before = used_memory(&redis).await;
+        let (secs, latencies) = book_many_as(&host, per_round, 64, true, kind.clone(), move |i| {
+            far + (round * per_round + i) as i64
+        })
+        .await;
+        let bytes = (used_memory(&redis).await - before) as f64 / per_round as f64;
+        rows.push((kind, per_round as f64 / secs, latencies, bytes));
+    }
+    let name = |kind: &Kind| match kind {
+        Kind::Plain => "plain",
+        Kind::Keyed(_) => "with Idempotency-Key",
+        Kind::Debounced(_) => "debounced",
+    };
+    println!("| round | bookings/s | latency p50 / p99 (ms) | Redis bytes per booking |");
+    println!("|---|---|---|---|");
+    for (kind, rate, latencies, bytes) in &rows {
+        println!(
+            "| {} | {rate:.0} | {:.2} / {:.2} | {bytes:.0} |",
+            name(kind),
+            percentile(latencies, 0.50) as f64 / 1000.0,
+            percentile(latencies, 0.99) as f64 / 1000.0,
+        );
+    }
+    let mean = |want: &str| {
+        let rates: Vec<f64> = rows
+            .iter()
+            .filter(|r| name(&r.0) == want)
+            .map(|r| r.1)
+            .collect();
+        rates.iter().sum::<f64>() / rates.len() as f64
+    };
+    println!(
+        "\nTime per booking against plain (mean of the rounds): with a key {:.2}x, debounced {:.2}x. Ceiling in the same run: {ceiling_1:.0} ZADD/s (`redis-benchmark -t zadd -c 64`).\n",
+        mean("plain") / mean("with Idempotency-Key"),
+        mean("plain") / mean("debounced"),
+    );
+}
+
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -450,7 +691,10 @@ async fn main() {
     println!("# kairos benchmark run\n");
     println!("Machine: {}.\n", machine());
     if want("booking") {
-        bench_booking().await;
+        bench_booking("everysec").await;
+    }
+    if args.iter().any(|a| a == "durability") {
+        bench_booking("always").await;
     }
     if want("firing") {
         bench_firing(false).await;
@@ -459,5 +703,11 @@ async fn main() {
     }
     if want("queue") {
         bench_queue().await;
+    }
+    if args.iter().any(|a| a == "cpu") {
+        bench_cpu().await;
+    }
+    if args.iter().any(|a| a == "idempotency") {
+        bench_idempotency().await;
     }
 }

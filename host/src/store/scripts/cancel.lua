@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- cancel: DELETE /schedules/{id}.
 -- Before birth: the Life becomes Stillbirth and nothing runs. Alive: the death Plan is
 -- moved to now (it runs at once). With force: every pending Plan is cancelled and the

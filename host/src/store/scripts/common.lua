@@ -1,6 +1,7 @@
 -- Helpers shared by the scripts below; kairos prepends this file to each of them.
--- Every key is built from PREFIX (ARGV[1] of every script) so that one Redis can hold
--- several kairos installations side by side.
+-- Every key is built from PREFIX (ARGV[1] of every script): the prefix of one shard,
+-- `{key_prefix}:{tag}:`, so that a script touches the keys of one shard only, all in one
+-- Redis Cluster slot (store/shards.rs).
 
 local PREFIX = ARGV[1]
 
@@ -14,14 +15,12 @@ local function lives_member(birth_ms, uuid)
   return string.rep('0', 13 - #s) .. s .. ':' .. uuid
 end
 
--- Takes a Plan back from whichever host holds it in memory. The holder's timer entry
+-- Takes a Plan back from the host that holds it in memory. The holder's timer entry
 -- then fails the fencing check of start_run (state or claim number differ) and is
 -- dropped, so a Plan moved by PATCH or DELETE never fires at its old time.
 local function release_claim(pk, plan_id)
-  local owner = redis.call('HGET', pk, 'lease_owner')
-  if owner then
-    redis.call('ZREM', PREFIX .. 'held:' .. owner, plan_id)
-    redis.call('HDEL', pk, 'lease_owner')
+  if redis.call('HDEL', pk, 'lease_owner') == 1 then
+    redis.call('ZREM', PREFIX .. 'held', plan_id)
   end
 end
 
@@ -32,6 +31,47 @@ local function finish_life(lk, uuid, state, now_ms, ...)
   redis.call('ZADD', PREFIX .. 'finished', now_ms, uuid)
 end
 
+-- Redis's own clock, in ms: the one clock every host agrees on. Scripts that judge
+-- lateness or leases use it, never the caller's (a host frozen and resumed has a stale
+-- idea of now).
+local function redis_now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- Whether HOST works this shard under generation GEN: it owns the shard's lease
+-- (`owner`: host, gen, until) and the lease has not run out by Redis's clock.
+-- 'ok' | 'expired' (ours, but run out: renew first) | 'lost' (another owner, or none).
+local function ownership(host, gen)
+  local o = redis.call('HMGET', PREFIX .. 'owner', 'host', 'gen', 'until')
+  if o[1] ~= host or o[2] ~= gen then return 'lost' end
+  if tonumber(o[3] or 0) < redis_now_ms() then return 'expired' end
+  return 'ok'
+end
+
+-- The unfinished Plans of a resource, scored by the time each is due: a resource's Plan
+-- runs only when it is the first of them (start_run), so the Plans of one resource never
+-- overlap and never run out of order, across hosts and crashes. Booking adds a Life's
+-- Plans; a Plan leaves when it ends for good (done, failed, cancelled, invalidated).
+local function order_key(rid) return PREFIX .. 'order:' .. rid end
+
+-- RID is the Plan's resource_id when the caller has read it already (false: it has none);
+-- left out, it is read here.
+local function leave_order(pk, plan_id, rid)
+  if rid == nil then rid = redis.call('HGET', pk, 'resource_id') end
+  if rid then redis.call('ZREM', order_key(rid), plan_id) end
+end
+
+-- Appends a run to the shard's capped `runs` stream, for operators to tail. The run's
+-- history proper lives with its Life, timer or task; the stream is a second copy that
+-- costs Redis CPU and memory on every fire, so it is off unless the operator sets
+-- runs_stream_max_len (MAX_LEN '0': off).
+local function add_run(stream, max_len, ...)
+  if max_len ~= '0' then
+    redis.call('XADD', stream, 'MAXLEN', '~', max_len, '*', ...)
+  end
+end
+
 -- Cancels a Plan that has not run (Standby or Preset); a Plan in any other state is left.
 local function cancel_plan(plan_id)
   local pk = plan_key(plan_id)
@@ -40,6 +80,7 @@ local function cancel_plan(plan_id)
     release_claim(pk, plan_id)
     redis.call('ZREM', PREFIX .. 'due', plan_id)
     redis.call('HSET', pk, 'state', 'Cancelled')
+    leave_order(pk, plan_id)
   end
 end
 
@@ -63,37 +104,121 @@ local function task_queue(plan_id)
   return string.match(plan_id, '^([^/]+)/.*:task$')
 end
 
+-- Wakes the shard's owner (`{prefix}:{tag}:notify`; hosts listen on every shard's
+-- channel with one pattern) when a Plan became due within the look-ahead window.
 local function notify_if_soon(fire_ms, notify_before_ms)
   if tonumber(fire_ms) <= tonumber(notify_before_ms) then
     redis.call('PUBLISH', PREFIX .. 'notify', fire_ms)
   end
 end
 
--- Puts a Plan this host holds (Preset or Running under HOST) back into the due set at its
--- own fire time; returns 1 if it moved, 0 if it was not held by HOST any more. A Running
--- Plan moves only if it started before RUNNING_BEFORE_MS (nil: any), so that a live
--- host's audit never takes away a run that has just begun. The caller removes moved
--- Plans from held:{host}.
-local function hand_back(plan_id, host, notify_before_ms, running_before_ms)
+-- Books the callback of a Plan that finished for good (model::Callbacks): a point Life
+-- `uuid`, due at once, in this shard (the host drew the id to have this shard as its
+-- home). Nothing when UUID is '' or the Life exists (a finish written twice).
+local function book_callback(uuid, action, of, now_ms, now_rfc, notify_before_ms)
+  if uuid == '' then return end
+  local lk = life_key(uuid)
+  if redis.call('EXISTS', lk) == 1 then return end
+  redis.call('HSET', lk, 'schedule_type', 'point', 'state', 'Inexistent', 'birth_at_ms', now_ms,
+    'birth_at', now_rfc, 'created_at', now_rfc, 'callback_of', of)
+  redis.call('HSET', plan_key(uuid .. ':birth'), 'state', 'Standby', 'fire_at_ms', now_ms,
+    'fire_at', now_rfc, 'action', action, 'attempts', 0)
+  redis.call('ZADD', PREFIX .. 'due', now_ms, uuid .. ':birth')
+  redis.call('ZADD', PREFIX .. 'lives', 0, lives_member(now_ms, uuid))
+  local ok, a = pcall(cjson.decode, action)
+  if ok and type(a) == 'table' and type(a.plugin) == 'string' then
+    redis.call('SADD', PREFIX .. 'plugin-lives:' .. string.match(a.plugin, '^[^@]+'), uuid)
+  end
+  notify_if_soon(now_ms, notify_before_ms)
+end
+
+-- A queue's tasks held back in Redis, Standby and in no due set: while the queue is
+-- paused, or while it runs max_concurrent tasks already. They wait there costing no
+-- host's memory, scored by their fire time, until a slot frees (finish_task, a
+-- hand-back), the queue resumes or its limit grows (queue_put, queue_resume), or the
+-- supervisor's periodic look (queue_wake) finds room.
+local function waiting_key(queue) return PREFIX .. 'queue:' .. queue .. ':waiting' end
+
+-- Moves up to N waiting tasks of a running queue back to due_tasks, oldest first.
+-- Returns how many moved.
+local function wake_waiting(queue, n, notify_before_ms)
+  if n <= 0 then return 0 end
+  local qk = PREFIX .. 'queue:' .. queue
+  if redis.call('HGET', qk, 'state') == 'paused' then return 0 end
+  local items = redis.call('ZRANGE', waiting_key(queue), 0, n - 1, 'WITHSCORES')
+  if #items == 0 then return 0 end
+  local ids = {}
+  for i = 1, #items, 2 do
+    ids[#ids + 1] = items[i]
+    redis.call('ZADD', PREFIX .. 'due_tasks', items[i + 1], items[i])
+  end
+  redis.call('ZREM', waiting_key(queue), unpack(ids))
+  notify_if_soon(items[2], notify_before_ms)
+  return #ids
+end
+
+-- A queue task's run is over (finished, handed back or purged): it leaves the queue's
+-- running set, and the slot it frees goes to the first waiting task.
+local function leave_running(queue, member, notify_before_ms)
+  if redis.call('SREM', PREFIX .. 'queue:' .. queue .. ':running', member) == 1 then
+    wake_waiting(queue, 1, notify_before_ms)
+  end
+end
+
+-- Puts a Plan held in this shard (Preset or Running) back into the due set at its own
+-- fire time; returns 1 if it moved, 0 if it was not held any more. A Running Plan moves
+-- only if it started before RUNNING_BEFORE_MS (nil: any), so that a live host's audit
+-- never takes away a run that has just begun; CLAIM, when given, must be the Plan's
+-- claim (the audit hands back one claim it knows is lost, never a newer one). A run cut
+-- off this way may have reached its target: the attempt is written into the Plan's
+-- history as interrupted (with the host that ran it), and the Plan is marked so that a
+-- late birth that may have been delivered is still followed by its death (start_run).
+-- The caller removes moved Plans from `held`.
+local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
   local pk = plan_key(plan_id)
-  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'fire_at_ms', 'started_at_ms', 'claims')
+  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'fire_at_ms', 'started_at_ms',
+    'claims', 'attempts')
   if f[1] == 'Running' and running_before_ms
       and tonumber(f[4] or 0) >= tonumber(running_before_ms) then
     return -1
   end
-  if (f[1] == 'Preset' or f[1] == 'Running') and f[2] == host then
+  if claim and f[5] ~= claim then return 0 end
+  local host = f[2] or '?'
+  if f[1] == 'Preset' or f[1] == 'Running' then
+    local queue = task_queue(plan_id)
     if f[1] == 'Running' then
-      redis.call('HSET', pk, 'state', 'Standby', 'last_error',
-        'host ' .. host .. ' stopped while running this Plan; it runs again')
-      -- A queue task's run no longer counts against its queue's max_concurrent.
-      local queue = task_queue(plan_id)
+      local now_ms = redis_now_ms()
+      local err = 'host ' .. host .. ' stopped (crashed or lost its lease) while this ran; it may have reached its target, and runs again'
+      redis.call('HSET', pk, 'state', 'Standby', 'last_error', err, 'interrupted', 1)
+      local attempt = tonumber(f[6]) or 1
+      local word = string.match(plan_id, ':(%a+)$')
+      local record = cjson.encode({plan = word, attempt = attempt,
+        should_run_at = tonumber(f[3]), started_at = tonumber(f[4]),
+        duration_ms = math.max(now_ms - (tonumber(f[4]) or now_ms), 0), host = host,
+        outcome = 'interrupted', error = err})
       if queue then
-        redis.call('SREM', PREFIX .. 'queue:' .. queue .. ':running', plan_id .. '#' .. f[5])
+        -- A queue task's run no longer counts against its queue's max_concurrent.
+        leave_running(queue, plan_id .. '#' .. f[5], notify_before_ms)
+        redis.call('HSET', pk, 'last_run', record)
+      elseif word == 'timer' then
+        redis.call('LPUSH', PREFIX .. 'timer:' .. string.sub(plan_id, 1, -7) .. ':runs', record)
+      else
+        local uuid = string.sub(plan_id, 1, -(#word + 2))
+        local lk = life_key(uuid)
+        if redis.call('EXISTS', lk) == 1 then
+          redis.call('HSET', lk, 'run:' .. word .. ':' .. attempt, record)
+        end
+      end
+      -- Rare (a crash or a lost lease): into the stream when the operator keeps one.
+      if redis.call('EXISTS', PREFIX .. 'runs') == 1 then
+        add_run(PREFIX .. 'runs', '100000', 'plan', plan_id, 'outcome', 'interrupted',
+          'record', record)
       end
     else
       redis.call('HSET', pk, 'state', 'Standby')
     end
-    if task_queue(plan_id) then
+    redis.call('HDEL', pk, 'lease_owner')
+    if queue then
       redis.call('ZADD', PREFIX .. 'due_tasks', f[3], plan_id)
     else
       redis.call('ZADD', PREFIX .. 'due', f[3], plan_id)
@@ -102,4 +227,10 @@ local function hand_back(plan_id, host, notify_before_ms, running_before_ms)
     return 1
   end
   return 0
+end
+
+-- Whether this host already applied the outcome of this claim's run (a retried call
+-- whose first reply was lost): finish scripts mark the Plan with `done_by` = host#claim.
+local function applied_by(pk, host, claim)
+  return redis.call('HGET', pk, 'done_by') == host .. '#' .. claim
 end

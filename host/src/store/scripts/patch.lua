@@ -1,7 +1,7 @@
 -- patch: moves times, changes actions or the resource of a Life whose changed Plans have
 -- not started (Standby, or Preset: then taken back from the host that holds it).
 -- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due, 5 lives, 6 old resource index,
---       7 new resource index, 8.. the `plugin:{name}:lives` sets of the plugins the
+--       7 new resource index, 8.. the `plugin-lives:{name}` sets of the plugins the
 --       new actions use
 -- ARGV: 1 prefix, 2 uuid, 3 expected version, 4 new resource_id ('' = none),
 --       5 birth_ms, 6 birth_rfc, 7 death_ms ('' for point), 8 death_rfc,
@@ -50,6 +50,21 @@ if death_changed then
   if life[2] == 'Alive' then
     redis.call('ZADD', KEYS[4], death_ms, uuid .. ':death')
     notify_if_soon(ARGV[7], ARGV[13])
+  end
+end
+-- The resource's order set follows the Plans' new times (and resource).
+local old_rid = redis.call('HGET', KEYS[1], 'resource_id')
+if old_rid then
+  redis.call('ZREM', order_key(old_rid), uuid .. ':birth', uuid .. ':death')
+end
+if ARGV[4] ~= '' then
+  local b = redis.call('HMGET', KEYS[2], 'state', 'fire_at_ms')
+  if b[1] == 'Standby' or b[1] == 'Preset' or b[1] == 'Running' then
+    redis.call('ZADD', order_key(ARGV[4]), b[2], uuid .. ':birth')
+  end
+  local d = redis.call('HMGET', KEYS[3], 'state', 'fire_at_ms')
+  if d[1] == 'Standby' or d[1] == 'Preset' or d[1] == 'Running' then
+    redis.call('ZADD', order_key(ARGV[4]), d[2], uuid .. ':death')
   end
 end
 if resource_changed or birth_changed then

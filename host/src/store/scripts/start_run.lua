@@ -1,46 +1,59 @@
+#!lua flags=allow-oom
 -- start_run: Preset -> Running for a batch of Plans, the fencing point before any action
--- runs. For each Plan it refuses when this host no longer holds it under the same claim
--- number (moved, cancelled, or reclaimed after a lost lease), invalidates a birth missed
--- by more than birth_delay_limit_time, and takes the resource's run lock so that Plans of
--- one resource never run at once. Keys are derived from PREFIX (one hash slot on a
--- Cluster when the prefix is a hash tag).
--- KEYS: 1 held:{host}, 2 runs
--- ARGV: 1 prefix, 2 host, 3 now_ms, 4 birth_delay_limit_ms, 5 runs stream max length,
---       then per Plan:
---       plan_id, claim, lock ttl ms
--- A queue task (`{queue}/{task}:task`) must also be admitted by its queue: not paused,
--- fewer than max_concurrent of its tasks running (a set in Redis, so the bound holds
--- across all hosts), and a token in its bucket (refilled at `rate` per second up to
--- `bucket_size`). When it is not, it waits: the k-th task of a queue refused in one call
--- waits for the k-th token, so that waiting tasks come back spread out instead of all at
--- once. A short wait (up to DEFER_AFTER_MS) is spent in the host's memory (its score in
--- held:{host} moves to that time, so that the self-audit does not take it for lost); a
--- longer one back in due_tasks, Standby, so that a backlog waits in Redis and any host
--- may take it when its time comes.
--- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'invalidated' | 'wait:{ms}' |
---   'deferred' (back in due_tasks)
-local host, now_ms, limit = ARGV[2], tonumber(ARGV[3]), tonumber(ARGV[4])
+-- runs. For each Plan:
+-- - it refuses ('lost') when this host no longer holds it under the same claim number
+--   (moved, cancelled, or reclaimed after a lost lease); a Plan already Running under
+--   this host and claim answers as when it started (a retry whose first reply was lost
+--   gets the applied answer, and the run is not counted twice);
+-- - it refuses the whole batch when this host no longer works the shard: 'expired' when
+--   its lease on the shard has run out by Redis's clock (another host may be taking the
+--   shard over, and this one must renew first), 'lost' when another host owns it;
+-- - it invalidates a birth later than birth_delay_limit_time (by Redis's clock), except
+--   that a term birth whose earlier attempt was cut off by a crash (it may have reached
+--   its target) is not run again but its death still follows;
+-- - a Plan of a resource waits ('busy') while an earlier Plan of that resource is
+--   unfinished (the resource's order set, see common.lua);
+-- - a queue task must be admitted by its queue: not paused, fewer than max_concurrent of
+--   its tasks running (a set in Redis, so the bound holds across all hosts), and a token
+--   in its bucket (refilled at `rate` per second up to `bucket_size`). A task of a paused
+--   or full queue waits in the queue's waiting set, in Redis; one short of tokens goes
+--   back to due_tasks for the time its token comes (the k-th refused task of a queue in
+--   one call for the k-th token, so that they come back spread out). Either way it is
+--   Standby and no host holds it, so a saturated queue never takes the room of other work.
+-- - a queue task whose first attempt has not started by its `expires_at_ms` (its ETA plus
+--   `expire_after`) never starts: it is dropped ('dropped') into its queue's failed list
+--   as Expired, with the reason recorded. Retries of a task that started are not bound.
+-- KEYS: 1 held, 2 runs, 3 owner
+-- ARGV: 1 prefix, 2 host, 3 gen, 4 birth_delay_limit_ms, 5 runs stream max length,
+--       then per Plan: plan_id, claim
+-- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'invalidated' | 'deferred' |
+--   'dropped' | 'expired'
+local host, limit = ARGV[2], tonumber(ARGV[4])
+local now_ms = redis_now_ms()
 local out = {}
 
--- 0 when the task may run now (its token taken and its run counted), else ms to wait.
--- PAUSED (a wait of -1): the task is parked, Standby in its queue's task index and in no
--- due set, until `resume` (queue_resume) puts the queue's parked tasks back in due_tasks.
-local PAUSED, CONCURRENCY_WAIT_MS, MAX_WAIT_MS = -1, 20, 1000
-local DEFER_AFTER_MS = 1000
+local owned = ownership(host, ARGV[3])
+if owned ~= 'ok' then
+  for _ = 6, #ARGV, 2 do out[#out + 1] = owned end
+  return out
+end
+
+-- 0 when the task may run now (its token taken and its run counted); WAIT_IN_QUEUE when
+-- it must wait for the queue (paused, or max_concurrent reached); else ms to its token.
+local WAIT_IN_QUEUE = -1
 local refused = {}
 local function admit_task(queue, member)
-  local k = refused[queue] or 0
   local qk = PREFIX .. 'queue:' .. queue
   local d = redis.call('HMGET', qk, 'state', 'rate', 'bucket_size', 'max_concurrent', 'tokens', 'tokens_at_ms')
-  if d[1] == 'paused' then return PAUSED end
+  if d[1] == 'paused' then return WAIT_IN_QUEUE end
   local running = qk .. ':running'
   local max_concurrent = tonumber(d[4]) or 0
   if max_concurrent > 0 and redis.call('SCARD', running) >= max_concurrent then
-    refused[queue] = k + 1
-    return math.min(CONCURRENCY_WAIT_MS * (1 + math.floor(k / max_concurrent)), MAX_WAIT_MS)
+    return WAIT_IN_QUEUE
   end
   local rate = tonumber(d[2]) or 0
   if rate > 0 then
+    local k = refused[queue] or 0
     local bucket = math.max(tonumber(d[3]) or 1, 1)
     local tokens = tonumber(d[5]) or bucket
     local elapsed = math.max(now_ms - (tonumber(d[6]) or now_ms), 0)
@@ -55,65 +68,103 @@ local function admit_task(queue, member)
   redis.call('SADD', running, member)
   return 0
 end
-for i = 6, #ARGV, 3 do
-  local plan_id, claim, lock_ttl = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+
+local function record_invalidated(uuid, f, late_err)
+  return cjson.encode({plan = 'birth', attempt = (tonumber(f[6]) or 0) + 1,
+    should_run_at = tonumber(f[4]), started_at = now_ms, duration_ms = 0, host = host,
+    outcome = 'invalidated', error = late_err})
+end
+
+-- A task whose first attempt did not start by its expires_at_ms (f[9]): into its
+-- queue's failed list as Expired, never run.
+local function drop_expired_task(plan_id, pk, f)
+  local queue, task = string.match(plan_id, '^([^/]+)/(.*):task$')
+  local qk = PREFIX .. 'queue:' .. queue
+  local err = 'not started by ' .. f[9] .. ' ms (its expire_after past its ETA); dropped at '
+    .. now_ms .. ' ms, never run'
+  local record = cjson.encode({plan = 'task', attempt = 1, should_run_at = tonumber(f[4]),
+    started_at = now_ms, duration_ms = 0, host = host, outcome = 'expired', error = err})
+  release_claim(pk, plan_id)
+  redis.call('HSET', pk, 'state', 'Expired', 'last_error', err, 'last_run', record,
+    'failed_at_ms', now_ms)
+  redis.call('ZREM', qk .. ':tasks', task)
+  redis.call('ZADD', qk .. ':failed', now_ms, task)
+  add_run(KEYS[2], ARGV[5], 'queue', queue, 'task', task, 'outcome', 'expired',
+    'record', record)
+end
+
+for i = 6, #ARGV, 2 do
+  local plan_id, claim = ARGV[i], ARGV[i + 1]
   local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
   local pk = plan_key(plan_id)
-  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'claims', 'fire_at_ms', 'resource_id', 'attempts')
+  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'claims', 'fire_at_ms',
+    'resource_id', 'attempts', 'interrupted', 'term', 'expires_at_ms')
   local result
-  if f[1] ~= 'Preset' or f[2] ~= host or f[3] ~= claim then
+  if f[1] == 'Running' and f[2] == host and f[3] == claim then
+    result = 'run:' .. (f[6] or '1')
+  elseif f[1] ~= 'Preset' or f[2] ~= host or f[3] ~= claim then
     result = 'lost'
   elseif kind == 'birth' and now_ms - tonumber(f[4]) > limit then
     local late = now_ms - tonumber(f[4])
-    local err = 'birth missed by ' .. late .. ' ms, more than birth_delay_limit_time'
-    redis.call('HSET', pk, 'state', 'Invalidated', 'last_error', err)
+    local lk = life_key(uuid)
     redis.call('HDEL', pk, 'lease_owner')
     redis.call('ZREM', KEYS[1], plan_id)
-    cancel_plan(uuid .. ':death')
-    local record = cjson.encode({plan = 'birth', attempt = (tonumber(f[6]) or 0) + 1,
-      should_run_at = tonumber(f[4]), started_at = now_ms, duration_ms = 0, host = host,
-      outcome = 'invalidated', error = err})
-    finish_life(life_key(uuid), uuid, 'Invalidated', now_ms, 'run:birth:invalidated', record)
-    redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[5], '*', 'life', uuid, 'plan', 'birth',
-      'outcome', 'invalidated', 'record', record)
-    result = 'invalidated'
-  else
-    local free, wait = true, 0
-    local queue = task_queue(plan_id)
-    if queue then wait = admit_task(queue, plan_id .. '#' .. claim) end
-    if wait ~= 0 then
-      free = false
-    elseif f[5] then
-      -- The lock names the claim, not only the Plan: a stale run of an earlier claim of
-      -- the same Plan (a stalled host) must neither share it nor release it.
-      local lock, owner = PREFIX .. 'lock:' .. f[5], plan_id .. '#' .. claim
-      if not redis.call('SET', lock, owner, 'NX', 'PX', lock_ttl) then
-        if redis.call('GET', lock) == owner then
-          redis.call('PEXPIRE', lock, lock_ttl)
-        else
-          free = false
-        end
+    leave_order(pk, plan_id, f[5])
+    if f[7] and f[8] == '1' then
+      -- An attempt of this birth was cut off by a crash and may have reached its
+      -- target. Too late to run again, but the resource must not be left activated:
+      -- the Life counts as Alive (birth_uncertain) and its death runs at its time.
+      local err = 'birth missed by ' .. late .. ' ms, more than birth_delay_limit_time, after an attempt cut off by a host crash that may have reached the target; not run again, its death follows'
+      local record = record_invalidated(uuid, f, err)
+      redis.call('HSET', pk, 'state', 'Invalidated', 'last_error', err)
+      local death_id = uuid .. ':death'
+      local death_ms = redis.call('HGET', plan_key(death_id), 'fire_at_ms')
+      redis.call('HSET', lk, 'state', 'Alive', 'birth_uncertain', 1, 'updated_at_ms', now_ms,
+        'run:birth:invalidated', record)
+      if death_ms then
+        redis.call('ZADD', PREFIX .. 'due', death_ms, death_id)
+        notify_if_soon(death_ms, death_ms)
       end
-    end
-    if free then
-      local attempts = (tonumber(f[6]) or 0) + 1
-      redis.call('HSET', pk, 'state', 'Running', 'attempts', attempts, 'started_at_ms', ARGV[3])
-      if queue and attempts == 1 then redis.call('HSET', pk, 'first_attempt_ms', ARGV[3]) end
-      result = 'run:' .. attempts
-    elseif wait == PAUSED then
-      release_claim(pk, plan_id)
-      redis.call('HSET', pk, 'state', 'Standby')
-      result = 'deferred'
-    elseif wait > DEFER_AFTER_MS then
-      release_claim(pk, plan_id)
-      redis.call('HSET', pk, 'state', 'Standby')
-      redis.call('ZADD', PREFIX .. 'due_tasks', now_ms + wait, plan_id)
-      result = 'deferred'
-    elseif wait > 0 then
-      redis.call('ZADD', KEYS[1], 'XX', now_ms + wait, plan_id)
-      result = 'wait:' .. wait
+      add_run(KEYS[2], ARGV[5], 'life', uuid, 'plan', 'birth',
+        'outcome', 'invalidated', 'record', record)
     else
+      local err = 'birth missed by ' .. late .. ' ms, more than birth_delay_limit_time'
+      local record = record_invalidated(uuid, f, err)
+      redis.call('HSET', pk, 'state', 'Invalidated', 'last_error', err)
+      cancel_plan(uuid .. ':death')
+      finish_life(lk, uuid, 'Invalidated', now_ms, 'run:birth:invalidated', record)
+      add_run(KEYS[2], ARGV[5], 'life', uuid, 'plan', 'birth',
+        'outcome', 'invalidated', 'record', record)
+    end
+    result = 'invalidated'
+  elseif f[9] and now_ms > tonumber(f[9]) and (tonumber(f[6]) or 0) == 0 then
+    drop_expired_task(plan_id, pk, f)
+    result = 'dropped'
+  else
+    local queue = task_queue(plan_id)
+    local wait = 0
+    local first = true
+    if f[5] then
+      local head = redis.call('ZRANGE', order_key(f[5]), 0, 0)[1]
+      first = head == nil or head == plan_id
+    end
+    if first and queue then wait = admit_task(queue, plan_id .. '#' .. claim) end
+    if not first then
       result = 'busy'
+    elseif wait == 0 then
+      local attempts = (tonumber(f[6]) or 0) + 1
+      redis.call('HSET', pk, 'state', 'Running', 'attempts', attempts, 'started_at_ms', now_ms)
+      if queue and attempts == 1 then redis.call('HSET', pk, 'first_attempt_ms', now_ms) end
+      result = 'run:' .. attempts
+    else
+      release_claim(pk, plan_id)
+      redis.call('HSET', pk, 'state', 'Standby')
+      if wait == WAIT_IN_QUEUE then
+        redis.call('ZADD', waiting_key(queue), f[4], plan_id)
+      else
+        redis.call('ZADD', PREFIX .. 'due_tasks', now_ms + wait, plan_id)
+      end
+      result = 'deferred'
     end
   end
   out[#out + 1] = result

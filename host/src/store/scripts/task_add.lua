@@ -5,8 +5,13 @@
 -- KEYS: 1 queue, 2 queue tasks index, 3 due_tasks, 4 queues index
 -- ARGV: 1 prefix, 2 queue, 3 now_ms, 4 now_rfc, 5 notify_before_ms,
 --       6 defaults of the default queue (JSON object of field -> value),
---       then per task 4 values: name, eta_ms, eta_rfc, action JSON
--- Returns {'ok'} | {'missing'} | {'duplicate', name}
+--       then per task 7 values: name, eta_ms, eta_rfc, action JSON ('' for a pull
+--       task), expires_at_ms ('' = never: see start_run), payload JSON ('' for a push
+--       task), tag
+-- A push queue's tasks go to due_tasks for the hosts to run; a pull queue's (marked
+-- `pull`, with their payload) wait in the queue's tasks index only, for task_lease.
+-- Returns {'ok'} | {'missing'} | {'duplicate', name} | {'mode', the queue's mode} when
+--   a task does not fit the queue's mode
 local queue = ARGV[2]
 if redis.call('EXISTS', KEYS[1]) == 0 then
   if queue ~= 'default' then return {'missing'} end
@@ -18,22 +23,39 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZADD', KEYS[4], 0, queue)
 end
-for i = 7, #ARGV, 4 do
+for i = 7, #ARGV, 7 do
   local id = queue .. '/' .. ARGV[i]
   if redis.call('EXISTS', plan_key(id .. ':task')) == 1
       or redis.call('EXISTS', PREFIX .. 'tombstone:' .. id) == 1 then
     return {'duplicate', ARGV[i]}
   end
 end
+local pull = redis.call('HGET', KEYS[1], 'mode') == 'pull'
+for i = 7, #ARGV, 7 do
+  if pull ~= (ARGV[i + 5] ~= '') then
+    if pull then return {'mode', 'pull'} end
+    return {'mode', 'push'}
+  end
+end
 local min_eta
-for i = 7, #ARGV, 4 do
+for i = 7, #ARGV, 7 do
   local name, eta_ms = ARGV[i], ARGV[i + 1]
   local plan_id = queue .. '/' .. name .. ':task'
-  redis.call('HSET', plan_key(plan_id), 'state', 'Standby', 'fire_at_ms', eta_ms,
-    'fire_at', ARGV[i + 2], 'action', ARGV[i + 3], 'attempts', 0, 'created_at', ARGV[4])
-  redis.call('ZADD', KEYS[3], eta_ms, plan_id)
+  local fields = {'state', 'Standby', 'fire_at_ms', eta_ms, 'fire_at', ARGV[i + 2],
+    'attempts', 0, 'created_at', ARGV[4]}
+  local function add(k, v) fields[#fields + 1] = k; fields[#fields + 1] = v end
   redis.call('ZADD', KEYS[2], eta_ms, name)
-  if not min_eta or tonumber(eta_ms) < min_eta then min_eta = tonumber(eta_ms) end
+  if pull then
+    add('pull', 1)
+    add('payload', ARGV[i + 5])
+    if ARGV[i + 6] ~= '' then add('tag', ARGV[i + 6]) end
+  else
+    add('action', ARGV[i + 3])
+    if ARGV[i + 4] ~= '' then add('expires_at_ms', ARGV[i + 4]) end
+    redis.call('ZADD', KEYS[3], eta_ms, plan_id)
+    if not min_eta or tonumber(eta_ms) < min_eta then min_eta = tonumber(eta_ms) end
+  end
+  redis.call('HSET', plan_key(plan_id), unpack(fields))
 end
 if min_eta then notify_if_soon(min_eta, ARGV[5]) end
 return {'ok'}

@@ -18,7 +18,11 @@
 //!   environment;
 //! - `recurse`: recurses without end (the guest's stack must overflow into a trap);
 //! - `fork` with `n`: books `n` Lives a second ahead that run this plugin with the same
-//!   input (a fork bomb).
+//!   input (a fork bomb);
+//! - `zero-log` with `size`: logs one line of `size` zero bytes taken from freshly grown
+//!   memory, which the guest never touches (so it costs no resident memory unless the
+//!   host copies it);
+//! - `big-output` with `size`: returns a string of `size` bytes.
 
 use kairos_guest::bindings::wasi::http::outgoing_handler;
 use kairos_guest::bindings::wasi::http::types::{Fields, Method, OutgoingRequest, Scheme};
@@ -69,6 +73,31 @@ fn run(_ctx: Context, input: Value) -> Result<Value, Error> {
             Ok(json!({ "booked": booked }))
         }
         "recurse" => Ok(json!({ "depth": recurse(std::hint::black_box(1)) })),
+        #[cfg(target_arch = "wasm32")]
+        "zero-log" => {
+            let size = input["size"].as_u64().unwrap_or(1 << 20) as usize;
+            // Fresh pages from memory.grow, behind the allocator's back: WebAssembly
+            // memory starts zeroed, and nothing writes these pages.
+            let pages = size.div_ceil(65536);
+            let first = core::arch::wasm32::memory_grow(0, pages);
+            if first == usize::MAX {
+                return Err(Error::fatal("memory.grow refused"));
+            }
+            // SAFETY: the pages were just added to this instance's memory, belong to no
+            // allocation, and hold zero bytes, which are valid UTF-8.
+            let zeros = unsafe {
+                std::str::from_utf8_unchecked(std::slice::from_raw_parts(
+                    (first * 65536) as *const u8,
+                    size,
+                ))
+            };
+            log::info(zeros);
+            Ok(json!({ "logged": size }))
+        }
+        "big-output" => {
+            let size = input["size"].as_u64().unwrap_or(1 << 20) as usize;
+            Ok(Value::String("o".repeat(size)))
+        }
         "book-big" => {
             let size = input["size"].as_u64().unwrap_or(2 << 20) as usize;
             let at = kairos_guest::now_ms() + 3_600_000;
@@ -87,7 +116,9 @@ fn run(_ctx: Context, input: Value) -> Result<Value, Error> {
         }
         "fs" => {
             let file = std::fs::read_to_string("/etc/hostname").map_err(|e| e.to_string());
-            let root = std::fs::read_dir("/").map(|d| d.count()).map_err(|e| e.to_string());
+            let root = std::fs::read_dir("/")
+                .map(|d| d.count())
+                .map_err(|e| e.to_string());
             let env: Vec<String> = std::env::vars().map(|(k, _)| k).collect();
             Ok(json!({
                 "file_ok": file.is_ok(),

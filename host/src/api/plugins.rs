@@ -3,7 +3,8 @@
 //! An upload is the component's bytes as the body, with its limits as query parameters:
 //! `allowed_hosts=host:port,host` (the hosts it may call; none when absent), `memory_mb`
 //! (1..=1024, default `plugin_memory_mb`) and `timeout` (seconds or `500ms`, at most
-//! 5 minutes, default `plugin_timeout`). It is compiled and linked against the
+//! 5 minutes, default `plugin_timeout`); a new version of a plugin keeps the limits of
+//! the version before for what its query leaves out (`allowed_hosts=` clears the list). It is compiled and linked against the
 //! `kairos:plugin/action` world before it is stored, so a file that could never run is
 //! a 400 at upload rather than a failed Plan later.
 
@@ -18,11 +19,11 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
-use super::registry::{valid_name, DeleteOutcome, UploadLimits};
-use super::runtime::MAX_MEMORY_MB;
-use crate::api::{body_bytes, Shared};
+use super::{body_bytes, Shared};
 use crate::config::parse_duration;
 use crate::error::ApiError;
+use crate::plugins::registry::{valid_name, DeleteOutcome, UploadLimits};
+use crate::plugins::runtime::MAX_MEMORY_MB;
 
 /// The longest `timeout` a plugin may have.
 pub const MAX_PLUGIN_TIMEOUT: Duration = Duration::from_secs(300);
@@ -48,16 +49,27 @@ fn check_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
-fn upload_limits(
+/// Reads an upload's query (`allowed_hosts`, `memory_mb`, `timeout`) over the host's
+/// defaults; 400 `invalid_query` naming what is wrong.
+pub fn upload_limits(
     query: &HashMap<String, String>,
-    app: &crate::api::App,
+    default_memory_mb: u32,
+    default_timeout: Duration,
+) -> Result<UploadLimits, ApiError> {
+    let base = UploadLimits {
+        allowed_hosts: Vec::new(),
+        memory_mb: default_memory_mb,
+        timeout_ms: default_timeout.as_millis() as u64,
+    };
+    upload_limits_over(query, base)
+}
+
+/// Reads an upload's query over `base`: what the query leaves out stays as it was.
+fn upload_limits_over(
+    query: &HashMap<String, String>,
+    mut limits: UploadLimits,
 ) -> Result<UploadLimits, ApiError> {
     let invalid = |m: String| ApiError::bad_request("invalid_query", m);
-    let mut limits = UploadLimits {
-        allowed_hosts: Vec::new(),
-        memory_mb: app.config.plugin_memory_mb,
-        timeout_ms: app.config.plugin_timeout.as_millis() as u64,
-    };
     for (name, value) in query {
         match name.as_str() {
             "allowed_hosts" => {
@@ -107,7 +119,25 @@ async fn upload_plugin(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     check_name(&name)?;
-    let limits = upload_limits(&query, &app)?;
+    // A new version keeps the limits of the one before unless the query changes them,
+    // so that a re-upload of new code does not silently reset them to the host's
+    // defaults.
+    let previous = app.plugins.registry().versions(&name).await?.pop();
+    let limits = match previous {
+        Some(p) => upload_limits_over(
+            &query,
+            UploadLimits {
+                allowed_hosts: p.allowed_hosts,
+                memory_mb: p.memory_mb,
+                timeout_ms: p.timeout_ms,
+            },
+        )?,
+        None => upload_limits(
+            &query,
+            app.config.plugin_memory_mb,
+            app.config.plugin_timeout,
+        )?,
+    };
     let body = body_bytes(body, app.config.max_plugin_bytes)?;
     if body.is_empty() {
         return Err(ApiError::bad_request(
@@ -159,7 +189,13 @@ async fn delete_plugin(
         query.get("force").map(String::as_str),
         Some("true") | Some("1")
     );
-    match app.plugins.registry().delete(&name, force).await? {
+    let unfinished = app.store.plugin_users(&name).await?;
+    match app
+        .plugins
+        .registry()
+        .delete(&name, force, unfinished)
+        .await?
+    {
         DeleteOutcome::Missing => Err(ApiError::not_found(format!("no plugin `{name}`"))),
         DeleteOutcome::InUse { unfinished } => Err(ApiError::conflict(
             "plugin_in_use",

@@ -4,23 +4,40 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
-use crate::booking::{self, BookingRequest, NewLife, Rules};
+pub mod idempotency;
+pub mod request;
+
 use crate::clock::Clock;
 use crate::config::Config;
 use crate::error::ApiError;
+use crate::model::NewLife;
+use crate::outbound::OutboundPolicy;
 use crate::plugins::Registry;
 use crate::store::{CancelOutcome, Store};
+use request::{self as booking, BookingRequest, Rules};
+
+/// What a booking call stored.
+#[derive(Debug)]
+pub struct Booked {
+    /// The Life that will fire, as it now stands: the new one, or the pending Life of
+    /// the same debounce key that took this booking's action and time.
+    pub life: NewLife,
+    /// Whether this booking was merged into a pending Life of its debounce key.
+    pub debounced: bool,
+}
 
 pub struct Bookings {
     pub config: Config,
     pub store: Store,
     pub clock: Arc<dyn Clock>,
     pub plugins: Registry,
+    /// Refuses at booking a URL no DNS answer could make allowed (a literal address).
+    pub policy: Arc<OutboundPolicy>,
 }
 
 impl Bookings {
     /// The validation rules at `now_ms`; `plugin_exists` answers for plugin names.
-    pub fn rules<'a>(&self, now_ms: i64, plugin_exists: &'a dyn Fn(&str) -> bool) -> Rules<'a> {
+    pub fn rules<'a>(&'a self, now_ms: i64, plugin_exists: &'a dyn Fn(&str) -> bool) -> Rules<'a> {
         Rules {
             timezone: self.config.timezone,
             minimum_life_term_ms: self.config.minimum_life_term.as_millis() as i64,
@@ -28,6 +45,8 @@ impl Bookings {
             now_ms,
             gateway_configured: self.config.gateway_url.is_some(),
             plugin_exists,
+            policy: Some(&self.policy),
+            placement: self.store.placement(),
         }
     }
 
@@ -46,11 +65,8 @@ impl Bookings {
     /// `limit`.
     pub async fn count_plugin_booking(&self, plugin: &str, limit: u64) -> Result<bool, ApiError> {
         let second = self.clock.now_ms().div_euclid(1000);
-        let key = format!(
-            "{}plugin-bookings:{plugin}:{second}",
-            self.store.keys.prefix
-        );
-        let mut conn = self.store.connection();
+        let key = self.store.keys.plugin_bookings(plugin, second);
+        let mut conn = self.store.conn();
         let (count, _): (u64, bool) = redis::pipe()
             .atomic()
             .incr(&key, 1)
@@ -61,11 +77,23 @@ impl Bookings {
     }
 
     pub async fn book_json(&self, body: &[u8]) -> Result<NewLife, ApiError> {
+        Ok(self.book_json_keyed(body, None).await?.life)
+    }
+
+    /// `book_json` for a call made with an `Idempotency-Key`: a Life id the body does not
+    /// give comes from the key, and a Life already stored under that id exactly as this
+    /// call would book it is this call's own (booked by an earlier try whose answer was
+    /// lost), answered as booked.
+    pub async fn book_json_keyed(
+        &self,
+        body: &[u8],
+        key: Option<&str>,
+    ) -> Result<Booked, ApiError> {
         // POST /schedules bodies are capped before they get here; a plugin's
         // `schedule.book` request is not, and would otherwise store any size in Redis.
         if body.len() > self.config.max_body_bytes {
             return Err(ApiError::new(
-                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                http::StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",
                 format!(
                     "the booking is larger than the limit of {} bytes",
@@ -77,9 +105,48 @@ impl Bookings {
         let known = self.registered_plugins(&request).await?;
         let now_ms = self.clock.now_ms();
         let exists = |spec: &str| known.contains(spec);
-        let life = request.into_new_life(&self.rules(now_ms, &exists))?;
-        self.store(&life, now_ms).await?;
-        Ok(life)
+        let (life, debounce) = request.into_booking(&self.rules(now_ms, &exists), key)?;
+        match debounce {
+            None => {
+                self.store_keyed(&life, now_ms, key).await?;
+                Ok(Booked {
+                    life,
+                    debounced: false,
+                })
+            }
+            Some(debounce) => {
+                let (life, debounced) = self
+                    .store
+                    .book_debounced(
+                        life,
+                        &debounce.key,
+                        debounce.max_wait_ms,
+                        now_ms,
+                        self.notify_before_ms(now_ms),
+                    )
+                    .await?;
+                Ok(Booked { life, debounced })
+            }
+        }
+    }
+
+    /// Stores a validated booking; with an idempotency key, an identical Life already
+    /// under its id counts as stored by this call (see `book_json_keyed`).
+    pub async fn store_keyed(
+        &self,
+        life: &NewLife,
+        now_ms: i64,
+        key: Option<&str>,
+    ) -> Result<(), ApiError> {
+        match self.store(life, now_ms).await {
+            Err(e) if key.is_some() && e.code == "duplicate_life_uuid" => {
+                match self.store.load_booking(&life.life_uuid).await? {
+                    Some((stored, _, _)) if &stored == life => Ok(()),
+                    _ => Err(e),
+                }
+            }
+            other => other,
+        }
     }
 
     /// Stores a validated booking (the 409 checks run in the store's script).

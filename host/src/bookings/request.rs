@@ -8,35 +8,14 @@
 
 use std::collections::BTreeMap;
 
-use axum::http::{Method, Uri};
 use chrono::{DateTime, LocalResult, NaiveDateTime, TimeZone, Utc};
 use chrono_tz::Tz;
+use http::{Method, Uri};
 use serde::Deserialize;
 use serde_json::Value;
 
 use crate::error::ApiError;
-use crate::model::{Action, PluginAction, ScheduleType, WebhookAction};
-
-/// A validated booking, ready for the store.
-#[derive(Debug, Clone, PartialEq)]
-pub struct NewLife {
-    pub life_uuid: String,
-    pub schedule_type: ScheduleType,
-    pub resource_id: Option<String>,
-    pub birth_at_ms: i64,
-    /// Set for term Lives only.
-    pub death_at_ms: Option<i64>,
-    pub birth_action: Action,
-    /// Set for term Lives only.
-    pub death_action: Option<Action>,
-}
-
-impl NewLife {
-    /// The last fire time: death for a term, birth for a point.
-    pub fn end_at_ms(&self) -> i64 {
-        self.death_at_ms.unwrap_or(self.birth_at_ms)
-    }
-}
+use crate::model::{Action, Callbacks, NewLife, PluginAction, ScheduleType, WebhookAction};
 
 /// What validation needs from the host's configuration and the moment.
 pub struct Rules<'a> {
@@ -47,16 +26,25 @@ pub struct Rules<'a> {
     pub gateway_configured: bool,
     /// Whether a plugin name (`name` or `name@version`) is registered.
     pub plugin_exists: &'a dyn Fn(&str) -> bool,
+    /// The outbound policy, for URLs whose host is a literal address it refuses (None:
+    /// not checked here).
+    pub policy: Option<&'a crate::outbound::OutboundPolicy>,
+    /// Where Lives are stored: a generated id lands in its resource's shard.
+    pub placement: crate::store::Placement,
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct TermTimes {
     birth_time: Option<String>,
     death_time: Option<String>,
 }
 
-/// The body of `POST /schedules` and `PATCH /schedules/{id}`, in both spellings.
+/// The body of `POST /schedules` and `PATCH /schedules/{id}`, in both spellings. An
+/// unknown field is refused: a typo such as `resource_idd` must never book a Life
+/// without its conflict guard.
 #[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BookingRequest {
     life_uuid: Option<String>,
     schedule_type: Option<String>,
@@ -68,7 +56,32 @@ pub struct BookingRequest {
     death: Option<Value>,
     birth_action: Option<Value>,
     death_action: Option<Value>,
+    debounce: Option<Value>,
 }
+
+/// `debounce` of a point booking, as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DebounceBody {
+    key: String,
+    period: Value,
+    max_wait: Option<Value>,
+}
+
+/// A booking's debounce window (Inngest's and Trigger.dev's semantics): while a Life
+/// booked under `key` has not started, a booking under the same key replaces its action
+/// and moves it to now + `period_ms`, but never past its first booking + `max_wait_ms`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Debounce {
+    pub key: String,
+    pub period_ms: i64,
+    pub max_wait_ms: i64,
+}
+
+/// The longest debounce period or max_wait.
+const MAX_DEBOUNCE_MS: u64 = 30 * 86_400_000;
+/// max_wait when none is given: an hour, or the period when that is longer.
+const DEFAULT_MAX_WAIT_MS: i64 = 3_600_000;
 
 /// Action fields as written by a client; `deny_unknown_fields` turns a typo such as
 /// `retry_cont` into a 400 instead of a silently ignored setting.
@@ -87,6 +100,8 @@ struct RawAction {
     plugin: Option<String>,
     input: Option<Value>,
     timeout: Option<Value>,
+    on_success: Option<Value>,
+    on_failure: Option<Value>,
 }
 
 /// Longest retry_count accepted: more is almost certainly a mistake.
@@ -119,12 +134,26 @@ pub fn parse_request(body: &[u8]) -> Result<BookingRequest, ApiError> {
     if !value.is_object() {
         return Err(bad("invalid_body", "the body must be a JSON object"));
     }
-    serde_json::from_value(value).map_err(|e| {
-        bad(
-            "invalid_body",
-            format!("the body has a field of the wrong type: {e}"),
-        )
-    })
+    serde_json::from_value(value).map_err(|e| body_error("the body", "invalid_body", e))
+}
+
+/// A body that does not fit its type: 400 `unknown_field` naming a field the type does
+/// not have, else `code` (a field of the wrong type, a missing one).
+pub fn body_error(what: &str, code: &'static str, e: serde_json::Error) -> ApiError {
+    let text = e.to_string();
+    if let Some(rest) = text.strip_prefix("unknown field `") {
+        let field = rest.split('`').next().unwrap_or_default();
+        let known = rest
+            .split_once("expected one of ")
+            .or_else(|| rest.split_once("expected "))
+            .map(|(_, k)| format!(" (known fields: {})", k.replace('`', "")))
+            .unwrap_or_default();
+        return bad(
+            "unknown_field",
+            format!("{what} has an unknown field `{field}`{known}"),
+        );
+    }
+    bad(code, format!("{what} does not fit: {text}"))
 }
 
 /// Reads a time as `%Y-%m-%d %H:%M:%S` in `tz`, or as RFC 3339 with an offset.
@@ -196,7 +225,7 @@ pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action,
         return Err(bad("invalid_action", format!("{which} must be an object")));
     }
     let raw: RawAction = serde_json::from_value(value.clone())
-        .map_err(|e| bad("invalid_action", format!("{which}: {e}")))?;
+        .map_err(|e| body_error(which, "invalid_action", e))?;
     let retry_count = raw.retry_count.unwrap_or(0);
     if retry_count > MAX_RETRY_COUNT {
         return Err(bad(
@@ -206,6 +235,18 @@ pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action,
     }
     let retry_interval_ms =
         opt_seconds(&format!("{which}.retry_interval"), &raw.retry_interval)?.unwrap_or(0);
+    let callbacks = Callbacks {
+        on_success: parse_callback(
+            &format!("{which}.on_success"),
+            raw.on_success.as_ref(),
+            rules,
+        )?,
+        on_failure: parse_callback(
+            &format!("{which}.on_failure"),
+            raw.on_failure.as_ref(),
+            rules,
+        )?,
+    };
 
     if let Some(plugin) = raw.plugin {
         if raw.path.is_some() || raw.url.is_some() || raw.method.is_some() || raw.body.is_some() {
@@ -226,6 +267,7 @@ pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action,
             timeout_ms: opt_seconds(&format!("{which}.timeout"), &raw.timeout)?,
             retry_count,
             retry_interval_ms,
+            callbacks,
         }));
     }
     if raw.input.is_some() || raw.timeout.is_some() {
@@ -264,6 +306,12 @@ pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action,
                     format!("{which}.path must start with /"),
                 ));
             }
+            if path.parse::<http::uri::PathAndQuery>().is_err() || path.contains(' ') {
+                return Err(bad(
+                    "invalid_action",
+                    format!("{which}.path `{path}` is not a URL path (percent-encode spaces and other special characters)"),
+                ));
+            }
             if !rules.gateway_configured {
                 return Err(bad(
                     "no_gateway",
@@ -285,12 +333,38 @@ pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action,
                     format!("{which}.url `{url}` must be an absolute http:// or https:// URL"),
                 ));
             }
+            // The port as written: `http::Uri` reads an out-of-range one as none at all,
+            // and the call would then go to the scheme's default port.
+            let written_port = uri
+                .authority()
+                .map(|a| a.as_str())
+                .and_then(|a| a.rsplit_once(':'))
+                .filter(|(_, p)| !p.contains(']'))
+                .map(|(_, p)| p);
+            if written_port.is_some_and(|p| !matches!(p.parse::<u16>(), Ok(1..))) {
+                return Err(bad(
+                    "invalid_action",
+                    format!("{which}.url `{url}`: the port must be 1 to 65535"),
+                ));
+            }
+            if let Some(policy) = rules.policy {
+                policy
+                    .check_literal(&uri)
+                    .map_err(|denied| bad("blocked_target", format!("{which}.url: {denied}")))?;
+            }
         }
     }
-    let headers = raw.headers.unwrap_or_default();
+    // Only the host sets X-Kairos-* and Idempotency-Key (targets trust them): a copy in
+    // the action's headers is dropped, never stored or forwarded.
+    let headers: BTreeMap<String, String> = raw
+        .headers
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(name, _)| !crate::actions::webhook::is_host_header(name))
+        .collect();
     for (name, value) in &headers {
-        if axum::http::HeaderName::from_bytes(name.as_bytes()).is_err()
-            || axum::http::HeaderValue::from_str(value).is_err()
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err()
+            || http::HeaderValue::from_str(value).is_err()
         {
             return Err(bad(
                 "invalid_action",
@@ -308,7 +382,29 @@ pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action,
         request_timeout_ms: opt_seconds(&format!("{which}.request_timeout"), &raw.request_timeout)?,
         retry_count,
         retry_interval_ms,
+        callbacks,
     }))
+}
+
+/// A callback action (see [`Callbacks`]): any action but one with callbacks of its own,
+/// or with a body or input, which the outcome takes the place of.
+fn parse_callback(
+    which: &str,
+    value: Option<&Value>,
+    rules: &Rules,
+) -> Result<Option<Box<Action>>, ApiError> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    for field in ["on_success", "on_failure", "body", "input"] {
+        if value.get(field).is_some() {
+            return Err(bad(
+                "invalid_action",
+                format!("{which}: a callback takes no {field} (its body or input is the outcome, and it has no callbacks of its own)"),
+            ));
+        }
+    }
+    Ok(Some(Box::new(parse_action(which, value, rules)?)))
 }
 
 /// Checks a life id: 1 to 64 characters of letters, digits, `-` and `_` (it is part of
@@ -334,15 +430,44 @@ pub fn new_life_uuid() -> String {
     format!("{:032x}", rand::random::<u128>())
 }
 
+/// A fresh life id whose home shard is `resource_id`'s shard, so that the Life is found
+/// by id without a pointer (about as many tries of a cheap hash as there are shards).
+pub fn new_life_uuid_for(placement: crate::store::Placement, resource_id: Option<&str>) -> String {
+    match resource_id {
+        Some(rid) => new_life_uuid_in(placement, placement.resource(rid)),
+        None => new_life_uuid(),
+    }
+}
+
+/// A fresh Life id whose home is shard `want` (so that the Life needs no pointer there).
+pub(crate) fn new_life_uuid_in(placement: crate::store::Placement, want: u32) -> String {
+    for _ in 0..100_000 {
+        let uuid = new_life_uuid();
+        if placement.home(&uuid) == want {
+            return uuid;
+        }
+    }
+    new_life_uuid()
+}
+
 /// A point Life with a fresh id, firing `action` at `time` (either time format), checked
 /// against the execution guard. For bookings made by the host itself (`/defer`).
-pub fn point_life(time: &str, action: Action, rules: &Rules) -> Result<NewLife, ApiError> {
+/// With an `Idempotency-Key` (`key`), the id comes from the key.
+pub fn point_life(
+    time: &str,
+    action: Action,
+    rules: &Rules,
+    key: Option<&str>,
+) -> Result<NewLife, ApiError> {
     let birth_at_ms = parse_time(time, rules.timezone)
         .map_err(|e| bad("invalid_time", format!("schedule time: {e}")))?
         .timestamp_millis();
     check_guard("the schedule time", birth_at_ms, rules)?;
     Ok(NewLife {
-        life_uuid: new_life_uuid(),
+        life_uuid: match key {
+            Some(key) => super::idempotency::derived_id(key, 0),
+            None => new_life_uuid(),
+        },
         schedule_type: ScheduleType::Point,
         resource_id: None,
         birth_at_ms,
@@ -356,7 +481,7 @@ pub fn point_life(time: &str, action: Action, rules: &Rules) -> Result<NewLife, 
 fn check_guard(name: &str, at_ms: i64, rules: &Rules) -> Result<(), ApiError> {
     if at_ms <= rules.now_ms + rules.execution_guard_ms {
         return Err(ApiError::new(
-            axum::http::StatusCode::NOT_ACCEPTABLE,
+            http::StatusCode::NOT_ACCEPTABLE,
             "too_soon",
             format!(
                 "{name} must be more than execution_guard_time ({} s) from now",
@@ -390,16 +515,103 @@ impl BookingRequest {
         self.death.as_ref().or(self.death_action.as_ref())
     }
 
+    /// Reads `debounce`: 400 `invalid_debounce` unless it is a point booking with no
+    /// resource, no birth time (the window sets it) and no life_uuid (the host picks one
+    /// in the key's shard).
+    fn debounce(&self) -> Result<Option<Debounce>, ApiError> {
+        let Some(value) = &self.debounce else {
+            return Ok(None);
+        };
+        let body: DebounceBody = serde_json::from_value(value.clone())
+            .map_err(|e| body_error("debounce", "invalid_debounce", e))?;
+        if body.key.is_empty() || body.key.len() > 256 || body.key.chars().any(char::is_control) {
+            return Err(bad(
+                "invalid_debounce",
+                "debounce.key must be 1 to 256 characters without control characters",
+            ));
+        }
+        let ms = |field: &str, v: &Value| -> Result<i64, ApiError> {
+            let d = parse_duration_value(field, v)?;
+            let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+            if ms == 0 || ms > MAX_DEBOUNCE_MS {
+                return Err(bad(
+                    "invalid_debounce",
+                    format!("{field} must be more than 0 and at most 30 days"),
+                ));
+            }
+            Ok(ms as i64)
+        };
+        let period_ms = ms("debounce.period", &body.period)?;
+        let max_wait_ms = match &body.max_wait {
+            Some(v) => ms("debounce.max_wait", v)?,
+            None => DEFAULT_MAX_WAIT_MS.max(period_ms),
+        };
+        if max_wait_ms < period_ms {
+            return Err(bad(
+                "invalid_debounce",
+                "debounce.max_wait must not be shorter than debounce.period",
+            ));
+        }
+        let refuse = |what: &str| {
+            Err(bad(
+                "invalid_debounce",
+                format!("a debounced booking {what}"),
+            ))
+        };
+        if self.schedule_type.as_deref().is_some_and(|t| t != "point")
+            || self.death_time().is_some()
+            || self.death_action().is_some()
+        {
+            return refuse("is a point booking");
+        }
+        if self.resource_id.is_some() {
+            return refuse("has no resource_id");
+        }
+        if self.birth_time().is_some() {
+            return refuse(
+                "has no birth_time: it fires debounce.period after the last booking of its key",
+            );
+        }
+        if self.life_uuid.is_some() {
+            return refuse("has no life_uuid: the answer names the Life that will fire");
+        }
+        Ok(Some(Debounce {
+            key: body.key,
+            period_ms,
+            max_wait_ms,
+        }))
+    }
+
     /// Validates a new booking (all checks of the table that need no Redis).
-    pub fn into_new_life(self, rules: &Rules) -> Result<NewLife, ApiError> {
-        let life_uuid = match &self.life_uuid {
-            Some(id) => {
+    /// A call made with an `Idempotency-Key` (`key`) draws the id the body leaves out
+    /// from the key, so that every repeat of the call names the same Life.
+    /// A debounced booking (see [`Debounce`]) is born now + period, and its id, new, is in
+    /// the debounce key's shard.
+    pub fn into_booking(
+        self,
+        rules: &Rules,
+        key: Option<&str>,
+    ) -> Result<(NewLife, Option<Debounce>), ApiError> {
+        if let Some(debounce) = self.debounce()? {
+            let life_uuid =
+                new_life_uuid_in(rules.placement, rules.placement.debounce(&debounce.key));
+            let birth_at_ms = rules.now_ms + debounce.period_ms;
+            let life = self.build(life_uuid, None, Some(birth_at_ms), rules)?;
+            return Ok((life, Some(debounce)));
+        }
+        let life_uuid = match (&self.life_uuid, key) {
+            (Some(id), _) => {
                 check_life_uuid(id)?;
                 id.clone()
             }
-            None => new_life_uuid(),
+            (None, Some(key)) => super::idempotency::derived_life_id(
+                key,
+                rules.placement,
+                self.resource_id.as_deref(),
+            ),
+            (None, None) => new_life_uuid_for(rules.placement, self.resource_id.as_deref()),
         };
-        self.build(life_uuid, None, rules)
+        Ok((self.build(life_uuid, None, None, rules)?, None))
     }
 
     /// Applies a PATCH to an existing booking and validates the result as a whole.
@@ -409,14 +621,23 @@ impl BookingRequest {
                 return Err(bad("invalid_body", "life_uuid cannot be changed"));
             }
         }
+        if self.debounce.is_some() {
+            return Err(bad(
+                "invalid_debounce",
+                "debounce is given when booking, not when changing a Life",
+            ));
+        }
         let id = current.life_uuid.clone();
-        self.build(id, Some(current), rules)
+        self.build(id, Some(current), None, rules)
     }
 
+    /// The Life the request describes; `birth_at_ms`, when given, stands for a birth
+    /// time the body does not give.
     fn build(
         self,
         life_uuid: String,
         current: Option<&NewLife>,
+        birth_at_ms: Option<i64>,
         rules: &Rules,
     ) -> Result<NewLife, ApiError> {
         let schedule_type = match (&self.schedule_type, current) {
@@ -460,7 +681,10 @@ impl BookingRequest {
                 .map_err(|e| bad("invalid_time", format!("birth_time: {e}")))?
                 .timestamp_millis(),
             (None, Some(cur)) => cur.birth_at_ms,
-            (None, None) => return Err(bad("missing_field", "birth_time is required")),
+            (None, None) => match birth_at_ms {
+                Some(ms) => ms,
+                None => return Err(bad("missing_field", "birth_time is required")),
+            },
         };
         let birth_action = match (self.birth_action(), current) {
             (Some(v), _) => parse_action("birth", v, rules)?,
@@ -558,11 +782,15 @@ mod tests {
             now_ms,
             gateway_configured: true,
             plugin_exists: &|name| name == "known",
+            policy: None,
+            placement: crate::store::Placement { shards: 32 },
         }
     }
 
     fn book(body: Value, now_ms: i64) -> Result<NewLife, ApiError> {
-        parse_request(body.to_string().as_bytes())?.into_new_life(&rules(now_ms))
+        parse_request(body.to_string().as_bytes())?
+            .into_booking(&rules(now_ms), None)
+            .map(|(life, _)| life)
     }
 
     const NOW: i64 = 1_765_000_000_000; // 2025-12-06
@@ -617,7 +845,7 @@ mod tests {
             code(
                 json!({"birth_time": "2026-12-15 15:05:00", "birth": {"path": "/t", "method": "POST", "retry_cont": 3}})
             ),
-            "invalid_action"
+            "unknown_field"
         );
         assert_eq!(
             code(

@@ -1,0 +1,141 @@
+//! `/defer/{path}`: a request replayed later, booked as a point Life whose webhook is the
+//! request itself.
+
+use crate::bookings::request as booking;
+use crate::error::ApiError;
+use crate::store::{self};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use serde_json::{json, Value};
+
+use super::{body_bytes, idempotent, App, Shared};
+use crate::bookings::idempotency::Answer;
+
+/// Headers of a deferred request that are not replayed: hop-by-hop headers (RFC 9110
+/// section 7.6.1), what the replay sets itself, credentials meant for kairos, and the
+/// scheduling headers. Nor are `X-Kairos-*` and `Idempotency-Key`: only the host sets
+/// those on a call (`webhook::is_host_header`).
+pub(crate) const NOT_REPLAYED: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    "content-length",
+    "authorization",
+    "cookie",
+    "x-kairos-schedule-datetime",
+    "x-xaas-schedule-datetime",
+];
+
+/// `{any method} /defer/{path}` with `X-Kairos-Schedule-Datetime` (or
+/// `X-Xaas-Schedule-Datetime`): books a point Life whose birth replays this request —
+/// method, headers, body — to `{gateway_url}/{path}` at that time. Same validation codes
+/// as `POST /schedules`; answers 202.
+pub(crate) async fn defer_request(
+    State(app): State<Shared>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Answer, ApiError> {
+    let result = defer_booking(&app, method, uri, headers, body).await;
+    app.count_booking(&result);
+    result
+}
+
+pub(crate) async fn defer_booking(
+    app: &App,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Answer, ApiError> {
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    let when = headers
+        .get("x-kairos-schedule-datetime")
+        .or_else(|| headers.get("x-xaas-schedule-datetime"))
+        .ok_or_else(|| {
+            ApiError::bad_request(
+                "missing_field",
+                "a deferred request needs the X-Kairos-Schedule-Datetime header",
+            )
+        })?
+        .to_str()
+        .map_err(|_| {
+            ApiError::bad_request("invalid_time", "X-Kairos-Schedule-Datetime is not text")
+        })?;
+    if app.config.gateway_url.is_none() {
+        return Err(ApiError::bad_request(
+            "no_gateway",
+            "deferred requests replay to gateway_url, which is not configured",
+        ));
+    }
+    let body_text = String::from_utf8(body.to_vec()).map_err(|_| {
+        ApiError::bad_request("invalid_body", "a deferred request body must be UTF-8 text")
+    })?;
+    let path = uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/")
+        .strip_prefix("/defer")
+        .unwrap_or("/")
+        .to_string();
+    let replayed: std::collections::BTreeMap<String, String> = headers
+        .iter()
+        .filter(|(name, _)| {
+            !NOT_REPLAYED.contains(&name.as_str())
+                && !crate::actions::webhook::is_host_header(name.as_str())
+        })
+        .filter_map(|(name, value)| {
+            Some((name.as_str().to_string(), value.to_str().ok()?.to_string()))
+        })
+        .collect();
+    // The request is what is replayed: method, path, the headers that travel, the time
+    // and the body.
+    let replayed_text = serde_json::to_string(&replayed).expect("headers serialize");
+    let parts: [&[u8]; 6] = [
+        b"/defer",
+        method.as_str().as_bytes(),
+        path.as_bytes(),
+        when.as_bytes(),
+        replayed_text.as_bytes(),
+        &body,
+    ];
+    let (path, method) = (&path, &method);
+    idempotent(app, &headers, &parts, |key| async move {
+        let now_ms = app.clock.now_ms();
+        let action = crate::model::Action::Webhook(crate::model::WebhookAction {
+            path: Some(path.clone()),
+            url: None,
+            method: method.as_str().to_string(),
+            headers: replayed,
+            body: (!body_text.is_empty()).then_some(Value::String(body_text)),
+            connect_timeout_ms: None,
+            request_timeout_ms: None,
+            retry_count: 0,
+            retry_interval_ms: 0,
+            callbacks: Default::default(),
+        });
+        let life = booking::point_life(when, action, &app.rules(now_ms), key.as_deref())?;
+        app.bookings
+            .store_keyed(&life, now_ms, key.as_deref())
+            .await?;
+        Ok((
+            StatusCode::ACCEPTED,
+            json!({
+                "life_uuid": life.life_uuid,
+                "birth_time": store::rfc3339(life.birth_at_ms, app.config.timezone),
+                "birth_time_ms": life.birth_at_ms,
+            }),
+        ))
+    })
+    .await
+}

@@ -1,0 +1,262 @@
+//! The REST API (SPEC section 2 and 9), the HTTP layer: one file per resource, over the
+//! domain modules (`bookings`, `timers`, `queues`, `plugins`, the engine), which know
+//! nothing of HTTP.
+//!
+//! [`router`] builds the whole app so that tests can drive it without a socket; the
+//! server in `server.rs` binds it to the configured address.
+
+mod auth;
+mod defer;
+mod ops;
+mod plugins;
+mod queues;
+mod schedules;
+mod timers;
+
+pub(crate) use ops::metrics_router;
+#[cfg(test)]
+pub(crate) use plugins::upload_limits;
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Request};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use axum::Router;
+use serde_json::Value;
+
+use crate::bookings::idempotency;
+use crate::bookings::request::{self as booking, Rules};
+use crate::bookings::Bookings;
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::plugins::PluginRuntime;
+use crate::scheduler::Engine;
+use crate::store::Store;
+
+/// What every handler shares.
+pub struct App {
+    pub config: Config,
+    pub store: Store,
+    pub clock: Arc<dyn Clock>,
+    /// This host's engine, for `/metrics`.
+    pub engine: Arc<Engine>,
+    pub bookings: Arc<Bookings>,
+    pub plugins: Arc<PluginRuntime>,
+}
+
+pub(crate) type Shared = Arc<App>;
+
+impl App {
+    /// Reads the action of a timer or a queue task, a plugin's name checked in the
+    /// registry as for bookings.
+    pub(crate) async fn parse_action(
+        &self,
+        which: &str,
+        value: &Value,
+        now_ms: i64,
+    ) -> Result<crate::model::Action, ApiError> {
+        let specs: Vec<String> = value
+            .get("plugin")
+            .and_then(Value::as_str)
+            .map(|s| vec![s.to_string()])
+            .unwrap_or_default();
+        let known = self.bookings.plugins.registered(specs).await?;
+        let registered = |spec: &str| known.contains(spec);
+        booking::parse_action(which, value, &self.bookings.rules(now_ms, &registered))
+    }
+
+    /// Rules for bookings that name no plugin (`/defer`).
+    pub(crate) fn rules(&self, now_ms: i64) -> Rules<'_> {
+        self.bookings.rules(now_ms, &|_| false)
+    }
+
+    fn delay_guard_ms(&self) -> i64 {
+        self.config.execution_delay_guard_time.as_millis() as i64
+    }
+
+    /// Counts a booking route's answer for `/metrics` (a replayed answer booked nothing).
+    fn count_booking(&self, result: &Result<idempotency::Answer, ApiError>) {
+        let counter = match result {
+            Ok(answer) if answer.replayed => return,
+            Ok(_) => &self.engine.metrics.bookings_accepted,
+            Err(e) if e.status.is_client_error() => &self.engine.metrics.bookings_refused,
+            Err(_) => return,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Bookings due before this are announced to the schedulers at once.
+    pub(crate) fn notify_before_ms(&self, now_ms: i64) -> i64 {
+        self.bookings.notify_before_ms(now_ms)
+    }
+}
+
+/// Every refusal answers with the spec's error body.
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, axum::Json(self.body())).into_response()
+    }
+}
+
+/// The whole HTTP app.
+pub fn router(app: Shared) -> Router {
+    let limit = app.config.max_body_bytes;
+    let plugin_limit = app.config.max_plugin_bytes;
+    Router::new()
+        .route(
+            "/schedules",
+            get(schedules::list_schedules).post(schedules::create_schedule),
+        )
+        .route(
+            "/schedules/{life_uuid}",
+            get(schedules::show_schedule)
+                .patch(schedules::patch_schedule)
+                .delete(schedules::cancel_schedule),
+        )
+        .route("/defer/{*path}", any(defer::defer_request))
+        .merge(plugins::routes(app.config.max_plugin_bytes))
+        .merge(timers::routes())
+        .merge(queues::routes())
+        .route("/metrics", get(ops::metrics))
+        .fallback(ops::not_found)
+        .layer(middleware::from_fn_with_state(app.clone(), auth::authorize))
+        // Health and readiness answer without a token (they reveal nothing), for load
+        // balancers, supervisors and Kubernetes probes.
+        .route("/healthz", get(ops::healthz))
+        .route("/readyz", get(ops::readyz))
+        .layer(DefaultBodyLimit::max(limit))
+        // Refusals made by the framework itself (a method a route does not take, a path
+        // that does not decode) get the spec's error body like every other.
+        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn(move |request: Request, next: Next| {
+            // Plugin uploads have a limit of their own; the routes apply each exactly.
+            let route_limit = if request.uri().path().starts_with("/plugins/") {
+                plugin_limit.max(limit)
+            } else {
+                limit
+            };
+            crate::http_server::limit_bodies(route_limit, request, next)
+        }))
+        .with_state(app)
+}
+
+/// Reads the `Idempotency-Key` header of a booking call; a malformed one is a 400.
+pub(crate) fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    headers
+        .get("idempotency-key")
+        .map(|v| idempotency::parse_key(v.as_bytes()))
+        .transpose()
+}
+
+/// Answers a booking call made under an `Idempotency-Key` (or none): the first call's
+/// answer, status and body, is replayed to its repeats with `Idempotent-Replayed: true`.
+/// `parts` identify the request (route, body, headers that matter); `call` books, given
+/// the key to derive the ids it generates.
+pub(crate) async fn idempotent<F, Fut>(
+    app: &App,
+    headers: &HeaderMap,
+    parts: &[&[u8]],
+    call: F,
+) -> Result<idempotency::Answer, ApiError>
+where
+    F: FnOnce(Option<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<(StatusCode, Value), ApiError>>,
+{
+    let key = idempotency_key(headers)?;
+    let ttl_ms = app.config.idempotency_ttl.as_millis() as i64;
+    let fingerprint = match key {
+        Some(_) => idempotency::fingerprint(parts),
+        None => String::new(),
+    };
+    idempotency::run(&app.store, ttl_ms, key.as_deref(), &fingerprint, call).await
+}
+
+impl IntoResponse for idempotency::Answer {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, axum::Json(self.body)).into_response();
+        if self.replayed {
+            response.headers_mut().insert(
+                "idempotent-replayed",
+                header::HeaderValue::from_static("true"),
+            );
+        }
+        response
+    }
+}
+
+/// Turns the body extractor's refusal into the spec's error body (413 for a body over
+/// the limit).
+pub(crate) fn body_bytes(
+    body: Result<Bytes, BytesRejection>,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    body.map_err(|rejection| {
+        if crate::http_server::is_body_timeout(&rejection) {
+            ApiError::new(
+                StatusCode::REQUEST_TIMEOUT,
+                "body_timeout",
+                rejection.body_text(),
+            )
+        } else if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                format!("the body is larger than the limit of {limit} bytes"),
+            )
+        } else {
+            ApiError::bad_request("unreadable_body", rejection.body_text())
+        }
+    })
+}
+
+/// Gives an error answer that is not the spec's JSON error body (axum's own refusals:
+/// 405, a path segment that is not UTF-8, a missing content type) that body.
+async fn json_errors(request: Request, next: Next) -> Response {
+    let method = request.method().clone();
+    let path = request.uri().path().to_string();
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return response;
+    }
+    let allow = response.headers().get(header::ALLOW).cloned();
+    let text = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let (code, message) = match status {
+        StatusCode::METHOD_NOT_ALLOWED => (
+            "method_not_allowed",
+            format!(
+                "{path} does not take {method}{}",
+                allow
+                    .as_ref()
+                    .and_then(|a| a.to_str().ok())
+                    .map(|a| format!("; it takes {a}"))
+                    .unwrap_or_default()
+            ),
+        ),
+        StatusCode::NOT_FOUND => ("not_found", format!("no route for {method} {path}")),
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported_media_type", text),
+        s if s.is_client_error() => (
+            "invalid_request",
+            format!("the request is not valid: {text}"),
+        ),
+        _ => ("internal_error", format!("the request failed: {text}")),
+    };
+    let mut answer = ApiError::new(status, code, message).into_response();
+    if let Some(allow) = allow {
+        answer.headers_mut().insert(header::ALLOW, allow);
+    }
+    answer
+}

@@ -1,0 +1,240 @@
+//! What operators and probes read: `/metrics`, `/healthz`, `/readyz`, and the 404 of
+//! unknown routes.
+
+use crate::error::ApiError;
+use axum::extract::State;
+use axum::http::{header, Method};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Value};
+
+use super::Shared;
+
+/// `/metrics` alone, without a token, for `--metrics-listen`: scrapers on an internal
+/// address need no API token, and the API need not be reachable from them.
+pub fn metrics_router(app: Shared) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .fallback(not_found)
+        .with_state(app)
+}
+
+/// Prometheus text format: this host's counters, its claimed and running Plans, and the
+/// cluster's due Plans and live hosts read from Redis.
+pub(crate) async fn metrics(State(app): State<Shared>) -> Result<Response, ApiError> {
+    let stats = app.store.cluster_stats(app.clock.now_ms()).await?;
+    let memory = app.store.memory();
+    let (used, max, _) = memory.fullest();
+    let mut text = app.engine.metrics.render(&[
+        (
+            "kairos_claimed_plans",
+            "Plans this host holds in memory (timer, queue, running).",
+            app.engine.claimed() as f64,
+        ),
+        (
+            "kairos_running_plans",
+            "Actions running on this host now.",
+            app.engine.running() as f64,
+        ),
+        (
+            "kairos_shards_owned",
+            "Shards of the keyspace this host works now.",
+            app.engine.shards.len() as f64,
+        ),
+        (
+            "kairos_due_plans",
+            "Plans waiting in Redis to be claimed (all hosts).",
+            stats.due as f64,
+        ),
+        (
+            "kairos_hosts_alive",
+            "Hosts whose lease is current (all hosts).",
+            stats.hosts as f64,
+        ),
+        (
+            "kairos_history_lives",
+            "Finished Lives kept as history (all hosts).",
+            stats.finished as f64,
+        ),
+        (
+            "kairos_redis_used_memory_bytes",
+            "used_memory of the fullest shard's Redis at the last look (every second).",
+            used as f64,
+        ),
+        (
+            "kairos_redis_maxmemory_bytes",
+            "maxmemory of that Redis (0: no limit).",
+            max as f64,
+        ),
+        (
+            "kairos_overdue_plans",
+            "Plans of Lives and timers past their fire time and not yet claimed (all hosts): a backlog.",
+            stats.overdue as f64,
+        ),
+        (
+            "kairos_overdue_tasks",
+            "Queue tasks that may run now and still wait (all hosts).",
+            stats.overdue_tasks as f64,
+        ),
+        (
+            "kairos_oldest_overdue_plan_age_seconds",
+            "How long the oldest overdue Plan has waited (0: none).",
+            stats.oldest_overdue_ms.max(0) as f64 / 1000.0,
+        ),
+    ], &[
+        (
+            "kairos_bookings_refused_storage_full_total",
+            "Bookings this host answered 507 because Redis was nearly full.",
+            memory.refused.load(std::sync::atomic::Ordering::Relaxed),
+        ),
+        (
+            "kairos_history_shed_lives_total",
+            "Finished Lives this host deleted before their retention because Redis was nearly full.",
+            memory.shed.load(std::sync::atomic::Ordering::Relaxed),
+        ),
+    ]);
+    text.push_str(&memory.info_metric());
+    text.push_str(&queue_and_timer_series(&app).await?);
+    text.push_str(&format!(
+        "# HELP kairos_build_info The kairos build this host runs.\n# TYPE kairos_build_info gauge\nkairos_build_info{{version=\"{}\"}} 1\n",
+        env!("CARGO_PKG_VERSION")
+    ));
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// Liveness: fails (503) when this host has not renewed its lease for three lease
+/// periods, i.e. it cannot reach Redis and so cannot work, so that a supervisor restarts
+/// it.
+pub(crate) async fn healthz(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
+    let stale_ms = app.engine.ms_since_lease_renewed();
+    let limit_ms = 3 * app.config.lease_ttl.as_millis() as i64;
+    if stale_ms > limit_ms {
+        return Err(ApiError::unavailable(format!(
+            "this host has not renewed its lease for {stale_ms} ms: it cannot reach Redis"
+        )));
+    }
+    Ok(Json(json!({"status": "ok"})))
+}
+
+/// Readiness: Redis answers PING within a second.
+pub(crate) async fn readyz(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
+    match tokio::time::timeout(std::time::Duration::from_secs(1), app.store.ping()).await {
+        Ok(result) => result?,
+        Err(_) => {
+            return Err(ApiError::unavailable(
+                "Redis did not answer PING within 1 s",
+            ))
+        }
+    }
+    Ok(Json(
+        json!({"status": "ready", "host_id": app.config.host_id}),
+    ))
+}
+
+pub(crate) async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no route for {method} {}", uri.path()))
+}
+
+/// Most queues and timers given series of their own in `/metrics` (by name), so that a
+/// scrape stays cheap with many of them.
+const PER_OBJECT_SERIES_MAX: usize = 500;
+
+/// A label value as the exposition format quotes it.
+fn label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Per-queue task counts and per-timer last outcome, last run and next run, for the
+/// first `PER_OBJECT_SERIES_MAX` queues and timers.
+async fn queue_and_timer_series(app: &crate::api::App) -> Result<String, ApiError> {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let names = app.store.queue_names().await?;
+    let _ = writeln!(
+        out,
+        "# HELP kairos_queue_tasks A queue's tasks by state (pending: waiting to run, or in a pull queue to be leased or under lease; running; failed: out of retries; leased: pull tasks under a lease).\n# TYPE kairos_queue_tasks gauge"
+    );
+    let names = &names[..names.len().min(PER_OBJECT_SERIES_MAX)];
+    let now_ms = app.clock.now_ms();
+    // One round trip's wait for all of them, not one per queue.
+    let all_counts =
+        futures_util::future::try_join_all(names.iter().map(|n| app.store.queue_counts(n, now_ms)))
+            .await?;
+    for (name, counts) in names.iter().zip(all_counts) {
+        let q = label(name);
+        for (state, n) in [
+            ("pending", counts.pending),
+            ("running", counts.running),
+            ("failed", counts.failed),
+            ("leased", counts.leased),
+        ] {
+            let _ = writeln!(
+                out,
+                "kairos_queue_tasks{{queue=\"{q}\",state=\"{state}\"}} {n}"
+            );
+        }
+    }
+    let timers = app.store.timer_list().await?;
+    let mut outcome = String::from(
+        "# HELP kairos_timer_last_outcome The outcome of a timer's last run (1 for the outcome it had).\n# TYPE kairos_timer_last_outcome gauge\n",
+    );
+    let mut last = String::from(
+        "# HELP kairos_timer_last_run_timestamp_seconds When a timer's last run was recorded.\n# TYPE kairos_timer_last_run_timestamp_seconds gauge\n",
+    );
+    let mut next = String::from(
+        "# HELP kairos_timer_next_run_timestamp_seconds When a timer runs next (absent while inactive).\n# TYPE kairos_timer_next_run_timestamp_seconds gauge\n",
+    );
+    for (name, timer, plan) in timers.iter().take(PER_OBJECT_SERIES_MAX) {
+        let t = label(name);
+        if let Some(o) = timer.get("last_outcome") {
+            let _ = writeln!(
+                outcome,
+                "kairos_timer_last_outcome{{timer=\"{t}\",outcome=\"{}\"}} 1",
+                label(o)
+            );
+        }
+        if let Some(ms) = timer
+            .get("last_run_at_ms")
+            .and_then(|v| v.parse::<i64>().ok())
+        {
+            let _ = writeln!(
+                last,
+                "kairos_timer_last_run_timestamp_seconds{{timer=\"{t}\"}} {}",
+                ms as f64 / 1000.0
+            );
+        }
+        let active = !matches!(
+            plan.get("state").map(String::as_str),
+            Some("Inactive") | None
+        );
+        if let (true, Some(ms)) = (
+            active,
+            plan.get("fire_at_ms").and_then(|v| v.parse::<i64>().ok()),
+        ) {
+            let _ = writeln!(
+                next,
+                "kairos_timer_next_run_timestamp_seconds{{timer=\"{t}\"}} {}",
+                ms as f64 / 1000.0
+            );
+        }
+    }
+    out.push_str(&outcome);
+    out.push_str(&last);
+    out.push_str(&next);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_values_are_escaped() {
+        assert_eq!(label(r#"a"b\c"#), r#"a\"b\\c"#);
+        assert_eq!(label("x\ny"), "x\\ny");
+    }
+}

@@ -1,0 +1,708 @@
+//! `/queues`: queues, their tasks, and their failed list (SPEC section 6).
+
+use super::{body_bytes, idempotent, App, Shared};
+use crate::bookings::idempotency::Answer;
+use crate::error::ApiError;
+use crate::model::check_name;
+use crate::store::{self, NewTask, NewTaskWork, TaskAddRefusal};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::collections::{BTreeSet, HashMap};
+
+use crate::queues::{
+    bad, parse_json, parse_task, QueueBody, QueueDef, QueueMode, TaskWork, DEFAULT_QUEUE,
+    MAX_TASKS_PER_CALL, TASK_TOMBSTONE_MS,
+};
+
+/// Whether `path` is a task route (`/queues/{q}/tasks...`, or a pull queue's
+/// `/queues/{q}/lease`), which needs the `book` scope.
+pub fn is_task_path(path: &str) -> bool {
+    let mut parts = path.trim_start_matches('/').split('/');
+    parts.next() == Some("queues")
+        && parts.next().is_some()
+        && matches!(parts.next(), Some("tasks" | "lease"))
+}
+
+/// The `/queues` routes.
+pub fn routes() -> Router<Shared> {
+    Router::new()
+        .route("/queues", get(list_queues))
+        .route(
+            "/queues/{name}",
+            get(show_queue).put(put_queue).delete(delete_queue),
+        )
+        .route("/queues/{name}/pause", post(pause_queue))
+        .route("/queues/{name}/resume", post(resume_queue))
+        .route("/queues/{name}/purge", post(purge_queue))
+        .route("/queues/{name}/tasks", get(list_tasks).post(add_tasks))
+        .route("/queues/{name}/failed", get(list_failed))
+        .route(
+            "/queues/{name}/tasks/{task}",
+            get(show_task).delete(delete_task),
+        )
+        .route("/queues/{name}/tasks/{task}/run", post(run_task))
+        .route("/queues/{name}/lease", post(lease_tasks))
+        .route("/queues/{name}/tasks/{task}/ack", post(ack_task))
+        .route("/queues/{name}/tasks/{task}/extend", post(extend_task))
+        .route("/queues/{name}/tasks/{task}/nack", post(nack_task))
+}
+
+pub(crate) fn not_found(name: &str) -> ApiError {
+    ApiError::not_found(format!("no queue `{name}`"))
+}
+
+/// Loads a queue; the default queue is created on first sight.
+pub(crate) async fn load_queue(app: &App, name: &str) -> Result<HashMap<String, String>, ApiError> {
+    check_name("queue name", name, 100)?;
+    if let Some(q) = app.store.queue_load(name).await? {
+        return Ok(q);
+    }
+    if name == DEFAULT_QUEUE {
+        app.store
+            .queue_put(name, &QueueDef::default().fields(), app.clock.now_ms())
+            .await?;
+        if let Some(q) = app.store.queue_load(name).await? {
+            return Ok(q);
+        }
+    }
+    Err(not_found(name))
+}
+
+pub(crate) async fn queue_json(
+    app: &App,
+    name: &str,
+    q: &HashMap<String, String>,
+) -> Result<Value, ApiError> {
+    let def = QueueDef::from_hash(q);
+    let mode = QueueMode::of(q);
+    let counts = app.store.queue_counts(name, app.clock.now_ms()).await?;
+    let secs = |ms: u64| ms as f64 / 1000.0;
+    let mut view = json!({
+        "name": name,
+        "mode": mode.as_str(),
+        "state": q.get("state").cloned().unwrap_or_else(|| "running".into()),
+        "rate": def.rate,
+        "bucket_size": def.bucket_size,
+        "max_concurrent": def.max_concurrent,
+        "retry": {
+            "limit": def.retry.limit,
+            "age_limit": secs(def.retry.age_limit_ms),
+            "min_backoff": secs(def.retry.min_backoff_ms),
+            "max_backoff": secs(def.retry.max_backoff_ms),
+            "max_doublings": def.retry.max_doublings,
+        },
+        "tasks": {"pending": counts.pending, "running": counts.running, "failed": counts.failed},
+        "created_at": q.get("created_at"),
+    });
+    if mode == QueueMode::Pull {
+        // Workers lease at their own pace: no rate or concurrency, nothing runs here.
+        let obj = view.as_object_mut().expect("an object");
+        for field in ["rate", "bucket_size", "max_concurrent"] {
+            obj.remove(field);
+        }
+        view["tasks"] =
+            json!({"pending": counts.pending, "leased": counts.leased, "failed": counts.failed});
+    }
+    Ok(view)
+}
+
+pub(crate) async fn put_queue(
+    State(app): State<Shared>,
+    Path(name): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    check_name("queue name", &name, 100)?;
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    let def = parse_json::<QueueBody>(&body)?.into_def()?;
+    let created = app
+        .store
+        .queue_put(&name, &def.fields(), app.clock.now_ms())
+        .await?;
+    tracing::info!(queue = %name, created, "queue defined");
+    let q = load_queue(&app, &name).await?;
+    Ok(Json(queue_json(&app, &name, &q).await?))
+}
+
+pub(crate) async fn show_queue(
+    State(app): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let q = load_queue(&app, &name).await?;
+    Ok(Json(queue_json(&app, &name, &q).await?))
+}
+
+pub(crate) async fn list_queues(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
+    load_queue(&app, DEFAULT_QUEUE).await?;
+    let mut items = Vec::new();
+    for name in app.store.queue_names().await? {
+        if let Some(q) = app.store.queue_load(&name).await? {
+            items.push(queue_json(&app, &name, &q).await?);
+        }
+    }
+    Ok(Json(json!({"items": items})))
+}
+
+pub(crate) async fn delete_queue(
+    State(app): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    check_name("queue name", &name, 100)?;
+    if name == DEFAULT_QUEUE {
+        return Err(ApiError::conflict(
+            "default_queue",
+            "the default queue always exists; purge it instead",
+        ));
+    }
+    if app.store.queue_load(&name).await?.is_none() {
+        return Err(not_found(&name));
+    }
+    let (removed, left) = app
+        .store
+        .queue_purge(&name, true, app.clock.now_ms(), TASK_TOMBSTONE_MS)
+        .await?;
+    if left > 0 {
+        return Err(ApiError::conflict(
+            "tasks_running",
+            format!("{removed} tasks removed; {left} are running now: try again when they return"),
+        ));
+    }
+    Ok(Json(
+        json!({"name": name, "deleted": true, "tasks_removed": removed}),
+    ))
+}
+
+pub(crate) async fn set_state(app: &App, name: &str, state: &str) -> Result<Json<Value>, ApiError> {
+    load_queue(app, name).await?;
+    let found = if state == "running" {
+        let now_ms = app.clock.now_ms();
+        app.store
+            .queue_resume(name, app.notify_before_ms(now_ms))
+            .await?
+    } else {
+        app.store.queue_set_state(name, state).await?
+    };
+    if !found {
+        return Err(not_found(name));
+    }
+    tracing::info!(queue = %name, state, "queue state changed");
+    let q = load_queue(app, name).await?;
+    Ok(Json(queue_json(app, name, &q).await?))
+}
+
+pub(crate) async fn pause_queue(
+    State(app): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_state(&app, &name, "paused").await
+}
+
+pub(crate) async fn resume_queue(
+    State(app): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_state(&app, &name, "running").await
+}
+
+pub(crate) async fn purge_queue(
+    State(app): State<Shared>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    load_queue(&app, &name).await?;
+    let (removed, left) = app
+        .store
+        .queue_purge(&name, false, app.clock.now_ms(), TASK_TOMBSTONE_MS)
+        .await?;
+    Ok(Json(
+        json!({"name": name, "tasks_removed": removed, "tasks_running": left}),
+    ))
+}
+
+pub(crate) async fn add_tasks(
+    State(app): State<Shared>,
+    Path(queue): Path<String>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Answer, ApiError> {
+    check_name("queue name", &queue, 100)?;
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    let (app, queue, body) = (&app, &queue, &body);
+    let route = format!("POST /queues/{queue}/tasks");
+    idempotent(app, &headers, &[route.as_bytes(), body], |key| async move {
+        let Json(view) = add_tasks_keyed(app, queue, body, key).await?;
+        Ok((StatusCode::OK, view))
+    })
+    .await
+}
+
+/// Adds tasks; under an `Idempotency-Key` (`key`), tasks given no name are named from the
+/// key, so that a repeat of a call whose answer was lost meets its tasks (409
+/// `duplicate_task`) instead of adding them twice.
+async fn add_tasks_keyed(
+    app: &App,
+    queue: &str,
+    body: &[u8],
+    key: Option<String>,
+) -> Result<Json<Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| bad("invalid_json", format!("the body is not valid JSON: {e}")))?;
+    let (list, single) = match value {
+        Value::Array(items) => (items, false),
+        Value::Object(mut o) if o.contains_key("tasks") => match o.remove("tasks") {
+            Some(Value::Array(items)) => (items, false),
+            _ => return Err(bad("invalid_body", "tasks must be a list")),
+        },
+        v @ Value::Object(_) => (vec![v], true),
+        _ => {
+            return Err(bad(
+                "invalid_body",
+                "the body must be a task or a list of tasks",
+            ))
+        }
+    };
+    if list.is_empty() || list.len() > MAX_TASKS_PER_CALL {
+        return Err(bad(
+            "invalid_body",
+            format!("give 1 to {MAX_TASKS_PER_CALL} tasks"),
+        ));
+    }
+    let now_ms = app.clock.now_ms();
+    let mut tasks = Vec::with_capacity(list.len());
+    let mut names = BTreeSet::new();
+    for (n, item) in list.into_iter().enumerate() {
+        let fresh_name = key
+            .as_deref()
+            .map(|key| crate::bookings::idempotency::derived_id(key, n as u32));
+        let task = parse_task(item, now_ms, app.config.timezone, fresh_name)?;
+        let name = task.name;
+        if !names.insert(name.clone()) {
+            return Err(ApiError::conflict(
+                "duplicate_task",
+                format!("task `{name}` is given twice"),
+            ));
+        }
+        let work = match task.work {
+            TaskWork::Action(action) => {
+                let action = app.parse_action("action", &action, now_ms).await?;
+                NewTaskWork::Action(serde_json::to_string(&action).expect("actions serialize"))
+            }
+            TaskWork::Payload { payload, tag } => NewTaskWork::Payload {
+                payload_json: payload.to_string(),
+                tag,
+            },
+        };
+        tasks.push(NewTask {
+            name,
+            eta_ms: task.eta_ms,
+            expires_at_ms: task.expires_at_ms,
+            work,
+        });
+    }
+    match app
+        .store
+        .task_add(queue, &tasks, &QueueDef::defaults_json(), now_ms, app.notify_before_ms(now_ms))
+        .await?
+    {
+        Ok(()) => {}
+        Err(TaskAddRefusal::Duplicate(name)) => {
+            return Err(ApiError::conflict(
+                "duplicate_task",
+                format!("queue `{queue}` has or recently had a task named `{name}`; names are kept for an hour after a task ends"),
+            ))
+        }
+        Err(TaskAddRefusal::Mode { pull }) => {
+            return Err(bad(
+                "invalid_body",
+                if pull {
+                    format!("queue `{queue}` is a pull queue: its tasks carry a payload (and a tag), not an action")
+                } else {
+                    format!("queue `{queue}` is a push queue: its tasks carry an action, not a payload")
+                },
+            ))
+        }
+        Err(TaskAddRefusal::Missing) => return Err(not_found(queue)),
+    }
+    let tz = app.config.timezone;
+    let views: Vec<Value> = tasks
+        .iter()
+        .map(|t| {
+            let mut view = json!({
+                "queue": queue,
+                "name": t.name,
+                "eta": store::rfc3339(t.eta_ms, tz),
+                "eta_ms": t.eta_ms,
+            });
+            if let Some(at) = t.expires_at_ms {
+                view["expires_at"] = store::rfc3339(at, tz).into();
+            }
+            view
+        })
+        .collect();
+    if single {
+        Ok(Json(views.into_iter().next().expect("one task")))
+    } else {
+        Ok(Json(json!({"tasks": views})))
+    }
+}
+
+pub(crate) fn task_json(
+    queue: &str,
+    name: &str,
+    t: &HashMap<String, String>,
+    tz: chrono_tz::Tz,
+) -> Value {
+    let text = |k: &str| t.get(k).cloned().map(Value::String).unwrap_or(Value::Null);
+    let num = |k: &str| {
+        t.get(k)
+            .and_then(|v| v.parse::<i64>().ok())
+            .map(Value::from)
+            .unwrap_or(Value::Null)
+    };
+    let mut view = json!({
+        "queue": queue,
+        "name": name,
+        "state": text("state"),
+        "eta": text("fire_at"),
+        "eta_ms": num("fire_at_ms"),
+        "expires_at": t
+            .get("expires_at_ms")
+            .and_then(|at| at.parse().ok())
+            .map(|at| store::rfc3339(at, tz)),
+        "attempts": num("attempts"),
+        "action": t.get("action").and_then(|a| serde_json::from_str::<Value>(a).ok()),
+        "last_status": num("last_status"),
+        "last_error": text("last_error"),
+        "last_run": t.get("last_run").and_then(|a| serde_json::from_str::<Value>(a).ok()),
+        // A task dropped by start_run has only the ms (Lua has no time zones).
+        "failed_at": t.get("failed_at").cloned().or_else(|| {
+            t.get("failed_at_ms")
+                .and_then(|at| at.parse().ok())
+                .map(|at| store::rfc3339(at, tz))
+        }),
+        "created_at": text("created_at"),
+    });
+    if t.get("pull").map(String::as_str) == Some("1") {
+        let obj = view.as_object_mut().expect("an object");
+        obj.remove("action");
+        obj.remove("expires_at");
+        obj.insert(
+            "payload".into(),
+            t.get("payload")
+                .and_then(|p| serde_json::from_str::<Value>(p).ok())
+                .unwrap_or(Value::Null),
+        );
+        obj.insert("tag".into(), text("tag"));
+        let lease_end = t
+            .get("lease_expires_ms")
+            .and_then(|at| at.parse::<i64>().ok());
+        if let Some(at) = lease_end {
+            obj.insert("lease_expires_at".into(), store::rfc3339(at, tz).into());
+            obj.insert("lease_id".into(), text("lease_id"));
+        }
+    }
+    view
+}
+
+pub(crate) async fn list_of(
+    app: &App,
+    queue: &str,
+    failed: bool,
+    query: &HashMap<String, String>,
+) -> Result<Json<Value>, ApiError> {
+    load_queue(app, queue).await?;
+    let limit = query
+        .get("limit")
+        .and_then(|l| l.parse().ok())
+        .unwrap_or(100usize)
+        .clamp(1, 1000);
+    let items: Vec<Value> = app
+        .store
+        .task_list(queue, failed, limit)
+        .await?
+        .into_iter()
+        .filter(|(_, t)| !t.is_empty())
+        .map(|(name, t)| task_json(queue, &name, &t, app.config.timezone))
+        .collect();
+    Ok(Json(json!({"queue": queue, "items": items})))
+}
+
+pub(crate) async fn list_tasks(
+    State(app): State<Shared>,
+    Path(queue): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    let failed = query.get("state").map(String::as_str) == Some("failed");
+    list_of(&app, &queue, failed, &query).await
+}
+
+pub(crate) async fn list_failed(
+    State(app): State<Shared>,
+    Path(queue): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Result<Json<Value>, ApiError> {
+    list_of(&app, &queue, true, &query).await
+}
+
+pub(crate) async fn show_task(
+    State(app): State<Shared>,
+    Path((queue, task)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    check_name("queue name", &queue, 100)?;
+    check_name("task name", &task, 500)?;
+    match app.store.task_load(&queue, &task).await? {
+        Some(t) => Ok(Json(task_json(&queue, &task, &t, app.config.timezone))),
+        None => Err(ApiError::not_found(format!(
+            "no task `{task}` in queue `{queue}`"
+        ))),
+    }
+}
+
+pub(crate) async fn change_task(
+    app: &App,
+    queue: &str,
+    task: &str,
+    mode: &str,
+) -> Result<Json<Value>, ApiError> {
+    check_name("queue name", queue, 100)?;
+    check_name("task name", task, 500)?;
+    let now_ms = app.clock.now_ms();
+    match app
+        .store
+        .task_change(
+            queue,
+            task,
+            mode,
+            now_ms,
+            app.notify_before_ms(now_ms),
+            TASK_TOMBSTONE_MS,
+        )
+        .await?
+        .as_str()
+    {
+        "ok" if mode == "delete" => {
+            Ok(Json(json!({"queue": queue, "name": task, "deleted": true})))
+        }
+        "ok" => Ok(Json(
+            json!({"queue": queue, "name": task, "run_at_ms": now_ms}),
+        )),
+        "running" => Err(ApiError::conflict(
+            "task_running",
+            format!("task `{task}` is running now; try again when it returns"),
+        )),
+        _ => Err(ApiError::not_found(format!(
+            "no task `{task}` in queue `{queue}`"
+        ))),
+    }
+}
+
+pub(crate) async fn delete_task(
+    State(app): State<Shared>,
+    Path((queue, task)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    change_task(&app, &queue, &task, "delete").await
+}
+
+pub(crate) async fn run_task(
+    State(app): State<Shared>,
+    Path((queue, task)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    change_task(&app, &queue, &task, "run").await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_paths_need_the_book_scope() {
+        assert!(is_task_path("/queues/q/tasks"));
+        assert!(is_task_path("/queues/q/tasks/t/run"));
+        assert!(!is_task_path("/queues/q"));
+        assert!(!is_task_path("/queues/q/purge"));
+    }
+}
+
+/// `POST /queues/{name}/lease` of a pull queue: `{count?, lease_seconds?, tag?}`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseBody {
+    count: Option<u64>,
+    lease_seconds: Option<Value>,
+    tag: Option<String>,
+}
+
+/// `{lease_id, lease_seconds?}` of ack, extend and nack (`lease_seconds`: how long the
+/// lease lasts from now (extend), or how long until the task is due again (nack)).
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LeaseAnswer {
+    lease_id: String,
+    lease_seconds: Option<Value>,
+}
+
+/// The most tasks one lease call hands out.
+const MAX_LEASE_COUNT: u64 = 1000;
+/// A lease's length when none is given.
+const DEFAULT_LEASE_MS: i64 = 60_000;
+/// The longest lease (a week, as GAE pull queues).
+const MAX_LEASE_MS: u64 = 7 * 86_400_000;
+
+fn lease_ms(value: Option<&Value>, default_ms: i64, zero_ok: bool) -> Result<i64, ApiError> {
+    let Some(value) = value else {
+        return Ok(default_ms);
+    };
+    let d = crate::bookings::request::parse_duration_value("lease_seconds", value)?;
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+    if ms > MAX_LEASE_MS || (ms == 0 && !zero_ok) {
+        return Err(bad(
+            "invalid_duration",
+            format!(
+                "lease_seconds must be {} and at most a week",
+                if zero_ok { "0 or more" } else { "more than 0" }
+            ),
+        ));
+    }
+    Ok(ms as i64)
+}
+
+pub(crate) async fn lease_tasks(
+    State(app): State<Shared>,
+    Path(queue): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    check_name("queue name", &queue, 100)?;
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    let body: LeaseBody = if body.is_empty() {
+        LeaseBody {
+            count: None,
+            lease_seconds: None,
+            tag: None,
+        }
+    } else {
+        parse_json(&body)?
+    };
+    let count = body.count.unwrap_or(1);
+    if !(1..=MAX_LEASE_COUNT).contains(&count) {
+        return Err(bad(
+            "invalid_body",
+            format!("count must be 1 to {MAX_LEASE_COUNT}"),
+        ));
+    }
+    let lease = lease_ms(body.lease_seconds.as_ref(), DEFAULT_LEASE_MS, false)?;
+    if let Some(tag) = &body.tag {
+        check_name("tag", tag, 500)?;
+    }
+    let now_ms = app.clock.now_ms();
+    let leased = app
+        .store
+        .task_lease(&queue, count as usize, lease, body.tag.as_deref(), now_ms)
+        .await?
+        .ok_or_else(|| not_found(&queue))?;
+    let tz = app.config.timezone;
+    let tasks: Vec<Value> = leased
+        .into_iter()
+        .map(|t| {
+            json!({
+                "queue": queue,
+                "name": t.name,
+                "payload": t.payload,
+                "tag": t.tag,
+                "attempts": t.attempts,
+                "eta": store::rfc3339(t.eta_ms, tz),
+                "lease_id": t.lease_id,
+                "lease_expires_at": store::rfc3339(t.lease_expires_ms, tz),
+                "lease_expires_ms": t.lease_expires_ms,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"tasks": tasks})))
+}
+
+async fn answer_lease(
+    app: &App,
+    queue: &str,
+    task: &str,
+    mode: &str,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    check_name("queue name", queue, 100)?;
+    check_name("task name", task, 500)?;
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    let answer: LeaseAnswer = parse_json(&body)?;
+    let lease = match mode {
+        "extend" => lease_ms(answer.lease_seconds.as_ref(), DEFAULT_LEASE_MS, false)?,
+        "nack" => lease_ms(answer.lease_seconds.as_ref(), 0, true)?,
+        _ if answer.lease_seconds.is_some() => {
+            return Err(bad("invalid_body", "an ack takes no lease_seconds"))
+        }
+        _ => 0,
+    };
+    let now_ms = app.clock.now_ms();
+    let (word, lease_end) = app
+        .store
+        .task_lease_change(
+            queue,
+            task,
+            mode,
+            &answer.lease_id,
+            lease,
+            now_ms,
+            TASK_TOMBSTONE_MS,
+        )
+        .await?;
+    match word.as_str() {
+        "ok" => {
+            let mut view = json!({"queue": queue, "name": task});
+            match mode {
+                "ack" => view["acked"] = true.into(),
+                "nack" => view["due_at"] = store::rfc3339(now_ms + lease, app.config.timezone).into(),
+                _ => {
+                    let at = lease_end.unwrap_or(now_ms + lease);
+                    view["lease_id"] = answer.lease_id.into();
+                    view["lease_expires_at"] = store::rfc3339(at, app.config.timezone).into();
+                    view["lease_expires_ms"] = at.into();
+                }
+            }
+            Ok(Json(view))
+        }
+        "lease_lost" => Err(ApiError::conflict(
+            "lease_lost",
+            format!("task `{task}` is not under lease `{}`: the lease ran out and the task was leased again, or it was given back, run or deleted", answer.lease_id),
+        )),
+        "not_pull" => Err(bad(
+            "push_queue",
+            format!("task `{task}` is a push task: its queue's hosts run it, nobody leases it"),
+        )),
+        _ => Err(ApiError::not_found(format!(
+            "no task `{task}` in queue `{queue}`"
+        ))),
+    }
+}
+
+pub(crate) async fn ack_task(
+    State(app): State<Shared>,
+    Path((queue, task)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    answer_lease(&app, &queue, &task, "ack", body).await
+}
+
+pub(crate) async fn extend_task(
+    State(app): State<Shared>,
+    Path((queue, task)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    answer_lease(&app, &queue, &task, "extend", body).await
+}
+
+pub(crate) async fn nack_task(
+    State(app): State<Shared>,
+    Path((queue, task)): Path<(String, String)>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    answer_lease(&app, &queue, &task, "nack", body).await
+}

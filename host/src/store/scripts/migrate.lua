@@ -1,0 +1,108 @@
+-- migrate: moves one object of a keyspace written before shards (every key under OLD,
+-- `{key_prefix}:`) into its shard (PREFIX). `kairos migrate` runs it on a standalone
+-- Redis with every host stopped; each call moves one object whole, so a migration cut
+-- off anywhere is resumed by running it again. A Plan a host of the old version still
+-- held (a host killed before it could hand back) goes back to its due set on the way,
+-- a run it had under way recorded as interrupted, as a takeover would.
+-- ARGV: 1 shard prefix, 2 old prefix, 3 mode ('life' | 'timer' | 'queue' | 'task' |
+--       'tombstone'), 4 name (a Life id, a timer or queue name, `{queue}/{task}`), then
+--       for 'life': 5 the home shard's prefix when the Life's resource puts it in another
+--       shard ('' otherwise), 6 the pointer's value
+-- Returns 1 when it moved something, 0 when there was nothing left to move.
+local OLD, mode, name = ARGV[2], ARGV[3], ARGV[4]
+
+local function move(from, to)
+  if redis.call('EXISTS', from) == 1 then
+    redis.call('RENAME', from, to)
+    return true
+  end
+  return false
+end
+
+-- Moves an index entry (a sorted set member) from the old key to the new one.
+local function move_member(old_key, new_key, member, default_score)
+  local score = redis.call('ZSCORE', old_key, member)
+  redis.call('ZREM', old_key, member)
+  if score or default_score then redis.call('ZADD', new_key, score or default_score, member) end
+end
+
+-- A Plan just moved: out of the old due set (into the new one if it waited there), and
+-- handed back if a host of the old version held it.
+local function settle(plan_id, due)
+  local pk = plan_key(plan_id)
+  local f = redis.call('HMGET', pk, 'state', 'lease_owner')
+  if f[2] then redis.call('ZREM', OLD .. 'held:' .. f[2], plan_id) end
+  move_member(OLD .. due, PREFIX .. due, plan_id, nil)
+  if f[1] == 'Preset' or f[1] == 'Running' then
+    redis.call('ZREM', PREFIX .. due, plan_id)
+    hand_back(plan_id, 0, nil, nil)
+  end
+end
+
+if mode == 'life' then
+  local uuid = name
+  local old_life = OLD .. 'life:' .. uuid
+  if redis.call('EXISTS', old_life) == 0 then return 0 end
+  local f = redis.call('HMGET', old_life, 'birth_at_ms', 'resource_id')
+  redis.call('RENAME', old_life, life_key(uuid))
+  local member = lives_member(f[1] or 0, uuid)
+  redis.call('ZREM', OLD .. 'lives', member)
+  redis.call('ZADD', PREFIX .. 'lives', 0, member)
+  move_member(OLD .. 'finished', PREFIX .. 'finished', uuid, nil)
+  for _, kind in ipairs({'birth', 'death'}) do
+    local id = uuid .. ':' .. kind
+    if move(OLD .. 'plan:' .. id, plan_key(id)) then
+      settle(id, 'due')
+      local ok, action = pcall(cjson.decode, redis.call('HGET', plan_key(id), 'action') or '')
+      if ok and type(action) == 'table' and type(action.plugin) == 'string' then
+        local plugin = string.match(action.plugin, '^[^@]+')
+        redis.call('SREM', OLD .. 'plugin:' .. plugin .. ':lives', uuid)
+        redis.call('SADD', PREFIX .. 'plugin-lives:' .. plugin, uuid)
+      end
+    end
+  end
+  local rid = f[2]
+  if rid then
+    move_member(OLD .. 'resource:' .. rid, PREFIX .. 'resource:' .. rid, uuid, f[1] or 0)
+    -- The order set is rebuilt from the Plans (a keyspace older than order sets has
+    -- none): every unfinished Plan of the resource, by its time.
+    redis.call('ZREM', OLD .. 'order:' .. rid, uuid .. ':birth', uuid .. ':death')
+    for _, kind in ipairs({'birth', 'death'}) do
+      local p = redis.call('HMGET', plan_key(uuid .. ':' .. kind), 'state', 'fire_at_ms')
+      if p[1] == 'Standby' or p[1] == 'Preset' or p[1] == 'Running' then
+        redis.call('ZADD', order_key(rid), p[2], uuid .. ':' .. kind)
+      end
+    end
+  end
+  if ARGV[5] ~= '' then redis.call('SET', ARGV[5] .. 'ptr:' .. uuid, ARGV[6]) end
+  return 1
+elseif mode == 'timer' then
+  local moved = move(OLD .. 'timer:' .. name, PREFIX .. 'timer:' .. name)
+  move_member(OLD .. 'timers', PREFIX .. 'timers', name, moved and 0 or nil)
+  if not moved then return 0 end
+  move(OLD .. 'timer:' .. name .. ':runs', PREFIX .. 'timer:' .. name .. ':runs')
+  local id = name .. ':timer'
+  if move(OLD .. 'plan:' .. id, plan_key(id)) then settle(id, 'due') end
+  return 1
+elseif mode == 'queue' then
+  local moved = move(OLD .. 'queue:' .. name, PREFIX .. 'queue:' .. name)
+  move_member(OLD .. 'queues', PREFIX .. 'queues', name, moved and 0 or nil)
+  if not moved then return 0 end
+  for _, suffix in ipairs({':tasks', ':failed', ':running', ':waiting', ':leased'}) do
+    move(OLD .. 'queue:' .. name .. suffix, PREFIX .. 'queue:' .. name .. suffix)
+  end
+  return 1
+elseif mode == 'task' then
+  local id = name .. ':task'
+  if not move(OLD .. 'plan:' .. id, plan_key(id)) then
+    redis.call('ZREM', OLD .. 'due_tasks', id)
+    return 0
+  end
+  settle(id, 'due_tasks')
+  return 1
+elseif mode == 'tombstone' then
+  -- RENAME keeps the time to live.
+  if move(OLD .. 'tombstone:' .. name, PREFIX .. 'tombstone:' .. name) then return 1 end
+  return 0
+end
+return redis.error_reply('unknown mode ' .. tostring(mode))

@@ -1,0 +1,316 @@
+//! The sharded keyspace at the store's boundary, against a real redis-server: where Lives
+//! go, how a Life is found by id alone, ids unique across shards, listing merged from
+//! every shard with exact cursors, and a keyspace that keeps its number of shards.
+
+use kairos::model::NewLife;
+use kairos::model::ScheduleType;
+use kairos::store::{CancelOutcome, ListFilter, OpenError, Store};
+use redis::AsyncCommands;
+
+mod common;
+use common::{hook, now_ms, Redis};
+
+fn life(id: &str, resource: Option<&str>, at_ms: i64) -> NewLife {
+    NewLife {
+        life_uuid: id.into(),
+        schedule_type: ScheduleType::Point,
+        resource_id: resource.map(str::to_string),
+        birth_at_ms: at_ms,
+        death_at_ms: None,
+        birth_action: hook(),
+        death_action: None,
+    }
+}
+
+const LATER: i64 = 3_600_000;
+
+async fn book(store: &Store, l: &NewLife) -> Result<(), u16> {
+    store
+        .book(l, now_ms(), 1_000, now_ms())
+        .await
+        .map_err(|e| e.status.as_u16())
+}
+
+/// A resource whose shard is not the home shard of `id`.
+fn resource_elsewhere(store: &Store, id: &str) -> String {
+    let p = store.placement();
+    (0..1000)
+        .map(|i| format!("res-{i}"))
+        .find(|r| p.resource(r) != p.home(id))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_life_is_found_by_id_wherever_its_resource_put_it() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(8)).await.unwrap();
+    let p = store.placement();
+    let rid = resource_elsewhere(&store, "far");
+    book(&store, &life("far", Some(&rid), now_ms() + LATER))
+        .await
+        .unwrap();
+    // Stored in the resource's shard, with a pointer in the id's home shard.
+    let mut conn = redis.conn().await;
+    let in_resource: bool = conn
+        .exists(store.shard(p.resource(&rid)).life("far"))
+        .await
+        .unwrap();
+    assert!(in_resource);
+    let pointer: String = conn
+        .get(store.shard(p.home("far")).pointer("far"))
+        .await
+        .unwrap();
+    assert!(
+        pointer.starts_with(&format!("{}:", p.resource(&rid))),
+        "{pointer}"
+    );
+    assert_eq!(store.locate("far").await.unwrap(), Some(p.resource(&rid)));
+    let view = store.life_view("far", 10).await.unwrap().unwrap();
+    assert_eq!(view["resource_id"], rid.as_str());
+    let (current, version, _) = store.load_booking("far").await.unwrap().unwrap();
+    let mut moved = current.clone();
+    moved.birth_at_ms += 60_000;
+    assert!(store
+        .patch(&current, &version, &moved, now_ms(), 1_000, now_ms())
+        .await
+        .unwrap());
+    // A resource of another shard would move the Life: refused, as the message says.
+    let other = (0..1000)
+        .map(|i| format!("other-{i}"))
+        .find(|r| p.resource(r) != p.resource(&rid))
+        .unwrap();
+    let (current, version, _) = store.load_booking("far").await.unwrap().unwrap();
+    let mut elsewhere = current.clone();
+    elsewhere.resource_id = Some(other);
+    let err = store
+        .patch(&current, &version, &elsewhere, now_ms(), 1_000, now_ms())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.status.as_u16(), err.code),
+        (409, "resource_shard_change")
+    );
+    assert_eq!(
+        store
+            .cancel("far", false, now_ms(), now_ms())
+            .await
+            .unwrap(),
+        CancelOutcome::Done("Stillbirth".into())
+    );
+    assert_eq!(store.locate("nobody").await.unwrap(), None);
+    assert!(store.life_view("nobody", 10).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn generated_ids_land_in_their_resources_shard() {
+    let p = kairos::store::Placement { shards: 32 };
+    for i in 0..50 {
+        let rid = format!("conn-{i}");
+        let id = kairos::bookings::request::new_life_uuid_for(p, Some(&rid));
+        assert_eq!(id.len(), 32);
+        assert_eq!(p.home(&id), p.resource(&rid), "{id} for {rid}");
+    }
+}
+
+#[tokio::test]
+async fn an_id_is_taken_once_across_every_shard() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(8)).await.unwrap();
+    let p = store.placement();
+    let rid = resource_elsewhere(&store, "dup");
+    book(&store, &life("dup", Some(&rid), now_ms() + LATER))
+        .await
+        .unwrap();
+    // Without a resource it would go to its home shard: the pointer there says taken.
+    assert_eq!(
+        book(&store, &life("dup", None, now_ms() + LATER)).await,
+        Err(409)
+    );
+    // With a resource of a third shard: the pointer names another shard that has it.
+    let third = (0..1000)
+        .map(|i| format!("third-{i}"))
+        .find(|r| p.resource(r) != p.resource(&rid) && p.resource(r) != p.home("dup"))
+        .unwrap();
+    assert_eq!(
+        book(&store, &life("dup", Some(&third), now_ms() + LATER)).await,
+        Err(409)
+    );
+    // A refused booking takes its own pointer back: the id stays free.
+    book(&store, &life("blocker", Some(&third), now_ms() + LATER))
+        .await
+        .unwrap();
+    let free = (0..1000)
+        .map(|i| format!("free-{i}"))
+        .find(|id| p.home(id) != p.resource(&third))
+        .unwrap();
+    let refused = book(&store, &life(&free, Some(&third), now_ms() + LATER)).await;
+    assert_eq!(refused, Err(409), "the resource is booked at that time");
+    let mut conn = redis.conn().await;
+    let pointer: Option<String> = conn
+        .get(store.shard(p.home(&free)).pointer(&free))
+        .await
+        .unwrap();
+    assert_eq!(pointer, None, "the refused booking left its pointer");
+    book(&store, &life(&free, None, now_ms() + LATER))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_pointer_left_by_a_booking_cut_off_is_replaced_once_it_is_old() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(8)).await.unwrap();
+    let p = store.placement();
+    let mut conn = redis.conn().await;
+    let home = p.home("orphan");
+    let elsewhere = (home + 1) % 8;
+    // A host died between the pointer and the Life: fresh, it may be a booking in flight.
+    let _: () = conn
+        .set(
+            store.shard(home).pointer("orphan"),
+            format!("{elsewhere}:{}", now_ms()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        book(&store, &life("orphan", None, now_ms() + LATER)).await,
+        Err(409)
+    );
+    // Two minutes old and naming a shard without the Life: left over, replaced.
+    let _: () = conn
+        .set(
+            store.shard(home).pointer("orphan"),
+            format!("{elsewhere}:{}", now_ms() - 120_000),
+        )
+        .await
+        .unwrap();
+    book(&store, &life("orphan", None, now_ms() + LATER))
+        .await
+        .unwrap();
+    let pointer: Option<String> = conn.get(store.shard(home).pointer("orphan")).await.unwrap();
+    assert_eq!(pointer, None);
+    assert_eq!(store.locate("orphan").await.unwrap(), Some(home));
+}
+
+#[tokio::test]
+async fn listing_merges_every_shard_in_one_order_with_exact_cursors() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(8)).await.unwrap();
+    let base = now_ms() + LATER;
+    let mut want = Vec::new();
+    for i in 0..150i64 {
+        // Times repeat, so that ids break ties; a third have a resource.
+        let at = base + (i * 7919 % 50) * 1000;
+        let id = format!("l{i:03}");
+        let rid = (i % 3 == 0).then(|| format!("r{i}"));
+        book(&store, &life(&id, rid.as_deref(), at)).await.unwrap();
+        want.push((at, id));
+    }
+    want.sort();
+    let want: Vec<String> = want.into_iter().map(|(_, id)| id).collect();
+    let mut got = Vec::new();
+    let mut cursor = None;
+    for _ in 0..100 {
+        let (page, next) = store
+            .list(&ListFilter {
+                limit: 7,
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        got.extend(
+            page.iter()
+                .map(|l| l["life_uuid"].as_str().unwrap().to_string()),
+        );
+        match next {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(got, want, "every Life once, in birth order");
+    // A window and a state filter together.
+    for i in 0..150 {
+        if i % 5 == 0 {
+            store
+                .cancel(&format!("l{i:03}"), false, now_ms(), now_ms())
+                .await
+                .unwrap();
+        }
+    }
+    let (from, to) = (base + 10_000, base + 30_000);
+    let (page, _) = store
+        .list(&ListFilter {
+            state: Some("Stillbirth".into()),
+            from_ms: Some(from),
+            to_ms: Some(to),
+            limit: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let got: Vec<&str> = page
+        .iter()
+        .map(|l| l["life_uuid"].as_str().unwrap())
+        .collect();
+    let expected: Vec<&String> = want
+        .iter()
+        .filter(|id| {
+            let i: i64 = id[1..].parse().unwrap();
+            let at = base + (i * 7919 % 50) * 1000;
+            i % 5 == 0 && (from..=to).contains(&at)
+        })
+        .collect();
+    assert_eq!(got.len(), expected.len(), "{got:?}");
+    assert!(got.iter().zip(&expected).all(|(g, e)| g == e));
+}
+
+#[tokio::test]
+async fn a_keyspace_keeps_the_number_of_shards_it_was_created_with() {
+    let redis = Redis::start();
+    let created = redis.store_with(Some(8)).await.unwrap();
+    assert_eq!(created.shard_count(), 8);
+    assert_eq!(redis.store_with(None).await.unwrap().shard_count(), 8);
+    match redis.store_with(Some(16)).await {
+        Err(OpenError::Layout(why)) => assert!(why.contains("--shards 8"), "{why}"),
+        other => panic!("another number of shards was accepted: {:?}", other.is_ok()),
+    }
+    // A keyspace of the layout before shards is not taken for an empty one.
+    let old = Redis::start();
+    let mut conn = old.conn().await;
+    let _: () = conn.zadd("kairos:due", "x:birth", 1).await.unwrap();
+    match old.store_with(None).await {
+        Err(OpenError::Layout(why)) => assert!(why.contains("kairos migrate"), "{why}"),
+        other => panic!("an old keyspace was opened: {:?}", other.is_ok()),
+    }
+}
+
+#[tokio::test]
+async fn the_sweep_takes_a_swept_lifes_pointer_with_it() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(8)).await.unwrap();
+    let p = store.placement();
+    let rid = resource_elsewhere(&store, "gone");
+    book(&store, &life("gone", Some(&rid), now_ms() + LATER))
+        .await
+        .unwrap();
+    store
+        .cancel("gone", false, now_ms(), now_ms())
+        .await
+        .unwrap();
+    let swept = store
+        .sweep(p.resource(&rid), now_ms() + 1, 100)
+        .await
+        .unwrap();
+    assert_eq!(swept, 1);
+    let mut conn = redis.conn().await;
+    let pointer: Option<String> = conn
+        .get(store.shard(p.home("gone")).pointer("gone"))
+        .await
+        .unwrap();
+    assert_eq!(pointer, None);
+    // The id is free again.
+    book(&store, &life("gone", None, now_ms() + LATER))
+        .await
+        .unwrap();
+}

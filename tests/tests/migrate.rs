@@ -1,0 +1,166 @@
+//! `kairos migrate` on a keyspace written by the build before shards (kept under
+//! `tests/fixtures/preshard`: its RDB and what that build's API answered for each
+//! object): a host of this build refuses the old keyspace with a clear message; after the
+//! migration every Life, timer, queue, task and plugin reads back as before, nothing of
+//! the old layout is left, a second run changes nothing, and the migrated Plans fire.
+
+use std::time::Duration;
+
+use kairos_e2e::*;
+use serde_json::{json, Value};
+
+fn fixture(name: &str) -> String {
+    std::fs::read_to_string(fixtures_dir().join("preshard").join(name)).unwrap()
+}
+
+/// A timer's fields that do not move with time (next_run does once its slot passes).
+fn timer_fields(t: &Value) -> Value {
+    json!({
+        "name": t["name"], "schedule": t["schedule"], "timezone": t["timezone"],
+        "action": t["action"], "priority": t["priority"], "active": t["active"],
+        "created_at": t["created_at"], "version": t["version"], "retries": t["retries"],
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_written_before_shards_is_migrated_whole() {
+    let redis = RedisServer::start_from_rdb(&fixtures_dir().join("preshard/dump.rdb"));
+    let sink = Sink::start().await;
+
+    // A host of this build will not work on the old layout, and says what to do.
+    let (code, _, err) = kairos_command(&[
+        "serve",
+        "--redis-url",
+        &redis.url(),
+        "--listen",
+        &format!("127.0.0.1:{}", free_port()),
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("kairos migrate"), "{err}");
+
+    let out = migrate(&redis);
+    assert!(
+        out.contains("migrated into 32 shards: 7 Lives, 2 timers, 2 queues with 3 tasks"),
+        "{out}"
+    );
+    // Nothing of the old layout is left: every key is in a shard, the registry's slot,
+    // or one of the keyspace's own.
+    let keys = redis.cli(&["--scan", "--pattern", "kairos:*"]);
+    let stray: Vec<&str> = keys
+        .lines()
+        .map(|k| k.trim_matches('"'))
+        .filter(|k| !k.starts_with("kairos:{") && *k != "kairos:meta")
+        .collect();
+    assert!(stray.is_empty(), "keys of the old layout remain: {stray:?}");
+    let again = migrate(&redis);
+    assert!(again.contains("nothing to do"), "{again}");
+
+    // Retention far out: the fixture's finished Lives must still be there to compare.
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--schedule-history-duration-days", "36500")]),
+    );
+    let api = Api::new(&host);
+    for line in fixture("lives.jsonl").lines() {
+        let old: Value = serde_json::from_str(line).unwrap();
+        let id = old["life"].as_str().unwrap();
+        let (status, view) = api.get(&format!("/schedules/{id}")).await;
+        assert_eq!(status, 200, "{id}: {view}");
+        assert_eq!(view, old["view"], "{id} reads back otherwise");
+    }
+    let (_, timers) = api.get("/timers").await;
+    let old: Value = serde_json::from_str(&fixture("timers.json")).unwrap();
+    let fields = |v: &Value| -> Vec<Value> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(timer_fields)
+            .collect()
+    };
+    assert_eq!(fields(&timers), fields(&old));
+    for (path, file) in [
+        ("/queues", "queues.json"),
+        ("/queues/mail/tasks", "mail-tasks.json"),
+        ("/queues/mail/failed", "mail-failed.json"),
+        ("/plugins", "plugins.json"),
+    ] {
+        let (status, now) = api.get(path).await;
+        assert_eq!(status, 200, "{path}: {now}");
+        let before: Value = serde_json::from_str(&fixture(file)).unwrap();
+        // Fields added to the API since the fixture was written may appear; every field
+        // it had must read back the same.
+        assert!(
+            includes(&now, &before),
+            "{path} reads back otherwise:\nnow {now:#}\nbefore {before:#}"
+        );
+    }
+
+    // The plugin is still in use by a Life and a timer, counted across the shards.
+    let (status, reply) = api.delete("/plugins/noop").await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (409, Some("plugin_in_use")),
+        "{reply}"
+    );
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("2 "),
+        "{reply}"
+    );
+
+    // Migrated Plans are live: one moved to now fires; the resource guard still holds.
+    let soon = now_ms() + 1_500;
+    let (status, reply) = api
+        .patch(
+            "/schedules/pend-res",
+            &json!({"birth_time": rfc3339_ms(soon)}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    // Wait for that Life's call, not for the sink's first: the fixture's timer `nightly`
+    // was due at 2026-11-24T02:30Z, so from that day on it is overdue and fires at once too.
+    sink.wait_until("pend-res's birth", Duration::from_secs(8), |got| {
+        got.iter()
+            .any(|r| r.header("x-kairos-life") == Some("pend-res"))
+    })
+    .await;
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &json!({"life_uuid": "clash", "schedule_type": "term", "resource_id": "conn-2",
+                    "birth_time": "2030-06-01 10:30:00", "death_time": "2030-06-01 11:00:00",
+                    "birth": {"path": "/x", "method": "POST"}, "death": {"path": "/y", "method": "POST"}}),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (409, Some("resource_conflict")),
+        "{reply}"
+    );
+    // A booked id of the old keyspace is still taken, wherever its Life now lives.
+    let (status, reply) = api
+        .post("/schedules", &json!({"life_uuid": "pend-term", "birth_time": "2031-01-01 00:00:00", "birth": {"path": "/x", "method": "POST"}}))
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (409, Some("duplicate_life_uuid")),
+        "{reply}"
+    );
+}
+
+/// Whether `now` holds everything `before` does: the same scalars, arrays of the same
+/// length whose items include the old ones, objects with every old key included.
+fn includes(now: &Value, before: &Value) -> bool {
+    match (now, before) {
+        (Value::Object(n), Value::Object(b)) => b
+            .iter()
+            .all(|(k, v)| n.get(k).is_some_and(|nv| includes(nv, v))),
+        (Value::Array(n), Value::Array(b)) => {
+            n.len() == b.len() && n.iter().zip(b).all(|(nv, bv)| includes(nv, bv))
+        }
+        _ => now == before,
+    }
+}
