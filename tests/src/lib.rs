@@ -75,12 +75,36 @@ fn redis_ping(port: u16) -> bool {
         .unwrap_or(false)
 }
 
+/// The API address in a host's log line `kairos is serving listen=127.0.0.1:PORT`.
+fn serving_addr(log: &str) -> Option<SocketAddr> {
+    log.lines()
+        .find(|l| l.contains("kairos is serving"))?
+        .split_whitespace()
+        .find_map(|word| word.strip_prefix("listen="))?
+        .parse()
+        .ok()
+}
+
+/// The process id of the redis-server answering on `port` (`INFO server`).
+fn redis_pid(port: u16) -> Option<u32> {
+    let out = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "INFO", "server"])
+        .output()
+        .ok()?;
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 /// A redis-server of this test's own, with an append-only file, on a free port.
 pub struct RedisServer {
     pub port: u16,
     pub dir: TempDir,
     child: Option<Child>,
     fsync: &'static str,
+    /// Set once it has run: from then on it keeps its port (its clients know it).
+    started_once: bool,
 }
 
 /// The directory of the fixtures kept in the repository (`tests/fixtures`).
@@ -105,6 +129,7 @@ impl RedisServer {
             dir,
             child: None,
             fsync: "always",
+            started_once: false,
         };
         // Redis loads dump.rdb only when it starts without an append-only file; the file
         // is turned on once the data is in.
@@ -122,6 +147,7 @@ impl RedisServer {
             dir,
             child: None,
             fsync,
+            started_once: false,
         };
         server.spawn();
         server
@@ -131,8 +157,31 @@ impl RedisServer {
         self.spawn_with(&["--appendonly", "yes"]);
     }
 
+    /// Starts redis-server on this server's port, or, when another process took that port
+    /// between `free_port` and the bind (a test running beside this one), on a fresh one.
+    /// A restart (`start_again`) must keep its port and files, so it does not move.
     fn spawn_with(&mut self, extra: &[&str]) {
-        let child = Command::new("redis-server")
+        for attempt in 0..5 {
+            if attempt > 0 {
+                assert!(
+                    !self.started_once,
+                    "redis-server could not start again on port {}: another process holds it",
+                    self.port
+                );
+                self.port = free_port();
+            }
+            if self.try_spawn(extra) {
+                self.started_once = true;
+                return;
+            }
+        }
+        panic!("redis-server did not start on any of 5 free ports");
+    }
+
+    /// Spawns redis-server and waits until it answers; false when the port turned out to
+    /// belong to another process (the child exited, or the server answering is not it).
+    fn try_spawn(&mut self, extra: &[&str]) -> bool {
+        let mut child = Command::new("redis-server")
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -150,9 +199,14 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .expect("redis-server must be installed (apt-get install -y redis-server)");
-        self.child = Some(child);
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !redis_ping(self.port) {
+        loop {
+            if let Ok(Some(_)) = child.try_wait() {
+                return false;
+            }
+            if redis_ping(self.port) {
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
                 "redis-server did not start on port {}",
@@ -160,6 +214,13 @@ impl RedisServer {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+        if redis_pid(self.port) != Some(child.id()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return false;
+        }
+        self.child = Some(child);
+        true
     }
 
     pub fn url(&self) -> String {
@@ -315,6 +376,13 @@ impl RedisCluster {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(20));
+        }
+        // The node answering must be this one, not another test's server on the port.
+        let own = self.children.get(&port).map(Child::id);
+        if redis_pid(port) != own {
+            eprintln!("port {port} answers for another process; trying other ports");
+            self.kill(port);
+            return false;
         }
         true
     }
@@ -615,8 +683,8 @@ impl Host {
         data_dir: &Path,
         host_id: &str,
     ) -> Host {
-        let port = free_port();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        // Port 0: the kernel picks a port no one holds, and the host logs which; a port
+        // found free beforehand can be taken by a test running beside this one.
         let host_id = host_id.to_string();
         let logdir = TempDir::new("hostlog");
         let log = logdir.0.join("kairos.log");
@@ -627,7 +695,7 @@ impl Host {
                 "--redis-url",
                 redis_url,
                 "--listen",
-                &addr.to_string(),
+                "127.0.0.1:0",
                 "--host-id",
                 &host_id,
                 "--data-dir",
@@ -642,7 +710,7 @@ impl Host {
         }
         let child = cmd.spawn().expect("kairos starts");
         let mut host = Host {
-            addr,
+            addr: SocketAddr::from(([127, 0, 0, 1], 0)),
             host_id,
             child: Some(child),
             log,
@@ -652,11 +720,16 @@ impl Host {
         host
     }
 
+    /// Waits until the host logs the address it listens on (`kairos is serving
+    /// listen=…`) and that address takes connections.
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            if std::net::TcpStream::connect(self.addr).is_ok() {
-                return;
+            if let Some(addr) = serving_addr(&self.log_text()) {
+                if std::net::TcpStream::connect(addr).is_ok() {
+                    self.addr = addr;
+                    return;
+                }
             }
             if let Some(child) = self.child.as_mut() {
                 if let Ok(Some(status)) = child.try_wait() {
