@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::model::DEFAULT_TIMER_RETRIES;
 use crate::model::{Action, RunOpts};
-use crate::schedule::{Checked, Schedule};
+use crate::schedule::{Checked, Clock, DstRule, Gap, Repeated, Schedule};
 use crate::scheduler::Engine;
 use crate::store::{self, FinishedRun, Owner, RunOutcome, TimerFinish};
 
@@ -95,7 +95,7 @@ pub(crate) fn preview_count(text: Option<&String>) -> Result<usize, ApiError> {
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct TimerBody {
     pub(crate) name: Option<String>,
@@ -113,6 +113,16 @@ pub(crate) struct TimerBody {
     pub(crate) overlap: Option<String>,
     pub(crate) starting_deadline: Option<Value>,
     pub(crate) exclude_dates: Option<Vec<String>>,
+    pub(crate) dst: Option<DstBody>,
+}
+
+/// `dst: {"repeated": "once"|"twice", "gap": "after_gap"|"skip"}`; a field left out
+/// keeps its value.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct DstBody {
+    pub(crate) repeated: Option<String>,
+    pub(crate) gap: Option<String>,
 }
 
 /// What becomes of the slots a timer missed (Quartz's misfire instructions, Temporal's
@@ -152,6 +162,8 @@ pub(crate) struct TimerPolicy {
     pub(crate) starting_deadline_ms: u64,
     /// Dates (in the timer's zone) on which it does not fire.
     pub(crate) exclude_dates: std::collections::BTreeSet<chrono::NaiveDate>,
+    /// What a fixed-time schedule does in a repeated autumn hour and a spring gap.
+    pub(crate) dst: DstRule,
 }
 
 /// `catch_up_limit` when none is given, and the most it may be.
@@ -171,6 +183,7 @@ impl Default for TimerPolicy {
             overlap: Overlap::Skip,
             starting_deadline_ms: 0,
             exclude_dates: Default::default(),
+            dst: DstRule::default(),
         }
     }
 }
@@ -215,6 +228,8 @@ impl TimerPolicy {
                 self.starting_deadline_ms.to_string(),
             ),
             ("exclude_dates", dates.join(",")),
+            ("dst_repeated", self.dst.repeated.word().to_string()),
+            ("dst_gap", self.dst.gap.word().to_string()),
         ]
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
@@ -245,6 +260,16 @@ impl TimerPolicy {
                 .get("exclude_dates")
                 .map(|t| t.split(',').filter_map(|d| d.parse().ok()).collect())
                 .unwrap_or_default(),
+            dst: DstRule {
+                repeated: h
+                    .get("dst_repeated")
+                    .and_then(|w| Repeated::from_word(w))
+                    .unwrap_or_default(),
+                gap: h
+                    .get("dst_gap")
+                    .and_then(|w| Gap::from_word(w))
+                    .unwrap_or_default(),
+            },
         }
     }
 
@@ -257,15 +282,28 @@ impl TimerPolicy {
             "overlap": self.overlap_word(),
             "starting_deadline": secs(self.starting_deadline_ms),
             "exclude_dates": self.exclude_dates.iter().map(|d| d.to_string()).collect::<Vec<_>>(),
+            "dst": {"repeated": self.dst.repeated.word(), "gap": self.dst.gap.word()},
         })
+    }
+
+    /// The fire times of `schedule` in `timezone` under this policy.
+    pub(crate) fn calendar<'a>(&'a self, schedule: &'a Schedule, timezone: Tz) -> Calendar<'a> {
+        Calendar {
+            schedule,
+            timezone,
+            exclude: &self.exclude_dates,
+            dst: self.dst,
+        }
     }
 }
 
-/// A schedule in its zone, less the excluded dates: the fire times a timer makes.
+/// A schedule in its zone under a DST rule, less the excluded dates: the fire times a
+/// timer makes.
 pub(crate) struct Calendar<'a> {
     pub(crate) schedule: &'a Schedule,
     pub(crate) timezone: Tz,
     pub(crate) exclude: &'a std::collections::BTreeSet<chrono::NaiveDate>,
+    pub(crate) dst: DstRule,
 }
 
 /// Fire times skipped over at most while looking past excluded dates.
@@ -284,7 +322,7 @@ impl Calendar<'_> {
     pub(crate) fn next_after(&self, after_ms: i64) -> Option<i64> {
         let mut at = after_ms;
         for _ in 0..MAX_EXCLUDED_SKIPS {
-            let next = self.schedule.next_after(at, self.timezone)?;
+            let next = self.schedule.next_after_with(at, self.timezone, self.dst)?;
             if !self.excluded(next) {
                 return Some(next);
             }
@@ -395,11 +433,7 @@ impl TimerDef {
     }
 
     pub(crate) fn calendar(&self) -> Calendar<'_> {
-        Calendar {
-            schedule: &self.schedule,
-            timezone: self.timezone,
-            exclude: &self.policy.exclude_dates,
-        }
+        self.policy.calendar(&self.schedule, self.timezone)
     }
 
     pub(crate) fn action_json(&self) -> String {
@@ -441,6 +475,15 @@ pub(crate) fn apply_settings(
         def.schedule =
             Schedule::parse(&text).map_err(|e| ApiError::bad_request("invalid_schedule", e))?;
         def.schedule_text = text.trim().to_string();
+    }
+    if def.policy.dst != DstRule::default() && def.schedule.clock() == Clock::Elapsed {
+        return Err(ApiError::bad_request(
+            "invalid_timer_policy",
+            format!(
+                "dst applies to fixed times of day; `{}` follows elapsed time (it runs through both copies of a repeated hour and not in the minutes of a gap), so leave dst out or set it to repeated once, gap after_gap",
+                def.schedule_text
+            ),
+        ));
     }
     if let Some(tz) = body.timezone {
         def.timezone = tz.parse().map_err(|_| {
@@ -554,6 +597,16 @@ fn apply_policy(body: &TimerBody, p: &mut TimerPolicy) -> Result<(), ApiError> {
     if let Some(v) = &body.starting_deadline {
         p.starting_deadline_ms = policy_duration("starting_deadline", v)?;
     }
+    if let Some(dst) = &body.dst {
+        if let Some(word) = &dst.repeated {
+            p.dst.repeated = Repeated::from_word(word)
+                .ok_or_else(|| bad(format!("dst.repeated `{word}` is not once or twice")))?;
+        }
+        if let Some(word) = &dst.gap {
+            p.dst.gap = Gap::from_word(word)
+                .ok_or_else(|| bad(format!("dst.gap `{word}` is not after_gap or skip")))?;
+        }
+    }
     if let Some(dates) = &body.exclude_dates {
         if dates.len() > MAX_EXCLUDE_DATES {
             return Err(bad(format!(
@@ -588,6 +641,7 @@ pub(crate) fn empty_body() -> TimerBody {
         overlap: None,
         starting_deadline: None,
         exclude_dates: None,
+        dst: None,
     }
 }
 
@@ -639,11 +693,7 @@ impl Engine {
                                 run.record.started_at_ms
                             };
                             let policy = TimerPolicy::from_hash(&slot.policy);
-                            let calendar = Calendar {
-                                schedule: &schedule,
-                                timezone: tz,
-                                exclude: &policy.exclude_dates,
-                            };
+                            let calendar = policy.calendar(&schedule, tz);
                             let plan = self.plan_after_run(
                                 &name,
                                 &calendar,

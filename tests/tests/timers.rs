@@ -944,3 +944,106 @@ async fn exclude_dates_and_the_policy_fields_are_checked_and_shown() {
         (400, json!("invalid_duration"))
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dst_twice_and_gap_skip_change_a_fixed_time_across_dst() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    // New York leaves DST on 2030-11-03 (01:00-02:00 shows twice) and enters it on
+    // 2030-03-10 (02:00-03:00 never shows).
+    let mut body = timer("night", "30 1 * * *", "night");
+    body["timezone"] = json!("America/New_York");
+    body["dst"] = json!({"repeated": "twice"});
+    let (status, view) = api.post("/timers", &body).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(
+        view["dst"],
+        json!({"repeated": "twice", "gap": "after_gap"})
+    );
+    let (_, view) = api
+        .get("/timers/night?preview=4&from=2030-11-02T00:00:00Z")
+        .await;
+    assert_eq!(
+        view["preview"],
+        json!([
+            "2030-11-02T01:30:00-04:00",
+            "2030-11-03T01:30:00-04:00",
+            "2030-11-03T01:30:00-05:00",
+            "2030-11-04T01:30:00-05:00"
+        ]),
+        "{view:#}"
+    );
+    // Back to the default: the repeated 01:30 runs once.
+    let (status, view) = api
+        .patch("/timers/night", &json!({"dst": {"repeated": "once"}}))
+        .await;
+    assert_eq!(status, 200, "{view}");
+    let (_, view) = api
+        .get("/timers/night?preview=2&from=2030-11-03T00:00:00Z")
+        .await;
+    assert_eq!(
+        view["preview"],
+        json!(["2030-11-03T01:30:00-04:00", "2030-11-04T01:30:00-05:00"])
+    );
+
+    let mut body = timer("spring", "30 2 * * *", "spring");
+    body["timezone"] = json!("America/New_York");
+    body["dst"] = json!({"gap": "skip"});
+    let (status, view) = api.post("/timers", &body).await;
+    assert_eq!(status, 200, "{view}");
+    let (_, view) = api
+        .get("/timers/spring?preview=2&from=2030-03-09T12:00:00Z")
+        .await;
+    assert_eq!(
+        view["preview"],
+        json!(["2030-03-11T02:30:00-04:00", "2030-03-12T02:30:00-04:00"]),
+        "no run on the 10th, whose 02:30 never shows: {view:#}"
+    );
+    let (status, view) = api
+        .patch("/timers/spring", &json!({"dst": {"gap": "after_gap"}}))
+        .await;
+    assert_eq!(status, 200, "{view}");
+    let (_, view) = api
+        .get("/timers/spring?preview=1&from=2030-03-09T12:00:00Z")
+        .await;
+    assert_eq!(view["preview"], json!(["2030-03-10T03:00:00-04:00"]));
+
+    // Elapsed-time schedules have no choice to make: a dst rule there is refused, also
+    // when a PATCH changes the schedule of a timer that has one.
+    let mut body = timer("quarter", "*/15 * * * *", "quarter");
+    body["dst"] = json!({"repeated": "twice"});
+    let (status, reply) = api.post("/timers", &body).await;
+    assert_eq!(status, 400, "{reply}");
+    assert_eq!(reply["error"]["code"], "invalid_timer_policy", "{reply}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("elapsed time"),
+        "{reply}"
+    );
+    let (status, _) = api.get("/timers/quarter").await;
+    assert_eq!(status, 404, "a refused timer is not stored");
+    let (status, reply) = api
+        .patch(
+            "/timers/night",
+            &json!({"dst": {"repeated": "twice"}, "schedule": "0 * * * *"}),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].clone()),
+        (400, json!("invalid_timer_policy")),
+        "{reply}"
+    );
+    for dst in [json!({"repeated": "thrice"}), json!({"gap": "before"})] {
+        let (status, reply) = api.patch("/timers/night", &json!({ "dst": dst })).await;
+        assert_eq!(status, 400, "{reply}");
+        assert_eq!(reply["error"]["code"], "invalid_timer_policy", "{reply}");
+    }
+    let (status, reply) = api
+        .patch("/timers/night", &json!({"dst": {"fold": "twice"}}))
+        .await;
+    assert_eq!(status, 400, "{reply}");
+}

@@ -238,25 +238,13 @@ pub(crate) async fn update(
         let now_ms = app.clock.now_ms();
         let body = TimerBody {
             name: None,
-            schedule: body.schedule.clone(),
-            timezone: body.timezone.clone(),
-            action: body.action.clone(),
-            priority: body.priority,
-            timeout: body.timeout.clone(),
-            retries: body.retries,
-            active: body.active,
-            next_run: body.next_run.clone(),
-            misfire: body.misfire.clone(),
-            catch_up_limit: body.catch_up_limit,
-            catch_up_window: body.catch_up_window.clone(),
-            overlap: body.overlap.clone(),
-            starting_deadline: body.starting_deadline.clone(),
-            exclude_dates: body.exclude_dates.clone(),
+            ..body.clone()
         };
         let (def, next_run) = apply(app, body, current.clone(), now_ms).await?;
         let moved = def.schedule_text != current.schedule_text
             || def.timezone != current.timezone
             || def.policy.exclude_dates != current.policy.exclude_dates
+            || def.policy.dst != current.policy.dst
             || (def.active && !current.active);
         let next = match (def.active, next_run) {
             (false, _) => NextRun::Nothing,

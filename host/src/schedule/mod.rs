@@ -17,6 +17,11 @@
 //!
 //! Under both rules the instants of successive slots never go backwards, so "the next
 //! fire time after an instant" is well defined and no instant fires twice.
+//!
+//! A timer may change the fixed-time rule with its `dst` ([`DstRule`]): `repeated:
+//! twice` runs a slot of a repeated hour at both of its instants (so the two copies of
+//! the hour interleave: 01:00 and 01:30 of the first copy, then of the second), and `gap:
+//! skip` does not run a slot that a spring gap removes.
 
 pub mod cron;
 mod describe;
@@ -34,6 +39,72 @@ const MAX_SLOTS_SCANNED: usize = 200_000;
 /// Most steps of the elapsed-time search (each covers a day, or up to an offset change).
 const MAX_ELAPSED_STEPS: usize = 10_000;
 const DAY_MS: i64 = 86_400_000;
+
+/// What a fixed-time schedule does at DST changes (a timer's `dst`); the default is
+/// Debian cron's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DstRule {
+    pub repeated: Repeated,
+    pub gap: Gap,
+}
+
+/// A slot whose wall-clock time shows twice, in an autumn repeated hour.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Repeated {
+    /// At its first instant only.
+    #[default]
+    Once,
+    /// At both instants.
+    Twice,
+}
+
+/// A slot whose wall-clock time never shows, in a spring gap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Gap {
+    /// Once, at the first instant after the gap (several slots in one gap: one run).
+    #[default]
+    AfterGap,
+    /// Not at all.
+    Skip,
+}
+
+impl Repeated {
+    pub fn word(self) -> &'static str {
+        match self {
+            Repeated::Once => "once",
+            Repeated::Twice => "twice",
+        }
+    }
+
+    pub fn from_word(word: &str) -> Option<Repeated> {
+        match word {
+            "once" => Some(Repeated::Once),
+            "twice" => Some(Repeated::Twice),
+            _ => None,
+        }
+    }
+}
+
+impl Gap {
+    pub fn word(self) -> &'static str {
+        match self {
+            Gap::AfterGap => "after_gap",
+            Gap::Skip => "skip",
+        }
+    }
+
+    pub fn from_word(word: &str) -> Option<Gap> {
+        match word {
+            "after_gap" => Some(Gap::AfterGap),
+            "skip" => Some(Gap::Skip),
+            _ => None,
+        }
+    }
+}
+
+/// Most hours a DST change moves the clock (two, in the Antarctic's Troll station): the
+/// search for the next fire time under `repeated: twice` looks this far either side.
+const MAX_DST_SHIFT_MS: i64 = 3 * 3_600_000;
 
 /// A parsed schedule.
 #[derive(Debug, Clone)]
@@ -123,8 +194,15 @@ impl Schedule {
     /// The first fire time strictly after `after_ms`, under the DST rule of the module
     /// docs; None if the schedule never fires again.
     pub fn next_after(&self, after_ms: i64, tz: Tz) -> Option<i64> {
+        self.next_after_with(after_ms, tz, DstRule::default())
+    }
+
+    /// The first fire time strictly after `after_ms` under `dst`, which changes only
+    /// fixed-time schedules (elapsed time has no choice to make).
+    pub fn next_after_with(&self, after_ms: i64, tz: Tz, dst: DstRule) -> Option<i64> {
         match self.clock() {
-            Clock::WallClock => self.next_wall_clock(after_ms, tz),
+            Clock::WallClock if dst == DstRule::default() => self.next_wall_clock(after_ms, tz),
+            Clock::WallClock => self.next_wall_clock_with(after_ms, tz, dst),
             Clock::Elapsed => self.next_elapsed(after_ms, tz),
         }
     }
@@ -142,6 +220,35 @@ impl Schedule {
             }
         }
         None
+    }
+
+    /// The fixed-time rule with a `dst` of the timer's. Under `repeated: twice` the
+    /// instants of successive slots can go backwards (the second copy of 01:30 comes after
+    /// the first copy of 01:45), so this looks at every slot that could hold the answer,
+    /// from the DST shift before the wall-clock time of `after` to the shift past the best
+    /// instant found, and takes the earliest.
+    fn next_wall_clock_with(&self, after_ms: i64, tz: Tz, dst: DstRule) -> Option<i64> {
+        let after = DateTime::from_timestamp_millis(after_ms)?;
+        let start = after.with_timezone(&tz).naive_local();
+        let mut slot =
+            start.checked_sub_signed(chrono::Duration::milliseconds(MAX_DST_SHIFT_MS))?;
+        let mut best: Option<(i64, NaiveDateTime)> = None;
+        for _ in 0..MAX_SLOTS_SCANNED {
+            slot = self.next_slot(slot)?;
+            if let Some((_, best_slot)) = best {
+                let horizon = best_slot
+                    .checked_add_signed(chrono::Duration::milliseconds(MAX_DST_SHIFT_MS))?;
+                if slot > horizon {
+                    break;
+                }
+            }
+            for ms in slot_instants_ms(slot, tz, dst).into_iter().flatten() {
+                if ms > after_ms && best.is_none_or(|(b, _)| ms < b) {
+                    best = Some((ms, slot));
+                }
+            }
+        }
+        best.map(|(ms, _)| ms)
     }
 
     /// Elapsed time: walks the time line in stretches of one UTC offset; in each, the
@@ -274,6 +381,22 @@ fn offset_change_after(from: i64, offset: i64, tz: Tz) -> Option<i64> {
         }
     }
     Some(hi)
+}
+
+/// The instants of one wall-clock slot under the fixed-time rule and `dst`: none for a
+/// slot in a gap that is skipped, two for a slot of a repeated hour run twice.
+fn slot_instants_ms(slot: NaiveDateTime, tz: Tz, dst: DstRule) -> [Option<i64>; 2] {
+    match tz.from_local_datetime(&slot) {
+        LocalResult::Single(t) => [Some(t.timestamp_millis()), None],
+        LocalResult::Ambiguous(first, second) => [
+            Some(first.timestamp_millis()),
+            (dst.repeated == Repeated::Twice).then(|| second.timestamp_millis()),
+        ],
+        LocalResult::None => match dst.gap {
+            Gap::AfterGap => [Some(gap_end_ms(slot, tz)), None],
+            Gap::Skip => [None, None],
+        },
+    }
 }
 
 /// The instant of one wall-clock slot under the fixed-time rule of the module docs.
@@ -515,6 +638,125 @@ mod tests {
                 LONDON
             ),
             ["2026-03-29T01:00:00Z"]
+        );
+    }
+
+    fn runs_with(schedule: &str, from: &str, to: &str, tz: Tz, dst: DstRule) -> Vec<String> {
+        let schedule = Schedule::parse(schedule).unwrap();
+        let (runs, more) = between(
+            |at| schedule.next_after_with(at, tz, dst),
+            utc(from),
+            utc(to),
+            1000,
+        );
+        assert!(!more);
+        runs.into_iter().map(show).collect()
+    }
+
+    #[test]
+    fn dst_twice_runs_both_copies_of_a_repeated_hour_in_time_order() {
+        let twice = DstRule {
+            repeated: Repeated::Twice,
+            gap: Gap::AfterGap,
+        };
+        // New York, 2026-11-01: 02:00 EDT becomes 01:00 EST; 01:00-02:00 shows twice.
+        assert_eq!(
+            runs_with(
+                "0,30 1 * * *",
+                "2026-11-01T00:00:00Z",
+                "2026-11-02T00:00:00Z",
+                NEW_YORK,
+                twice
+            ),
+            [
+                "2026-11-01T05:00:00Z",
+                "2026-11-01T05:30:00Z",
+                "2026-11-01T06:00:00Z",
+                "2026-11-01T06:30:00Z"
+            ],
+            "01:00 and 01:30 EDT, then 01:00 and 01:30 EST"
+        );
+        // From inside the first copy, the second copy of an earlier slot comes next.
+        let s = Schedule::parse("0,30 1 * * *").unwrap();
+        assert_eq!(
+            show(
+                s.next_after_with(utc("2026-11-01T05:45:00Z"), NEW_YORK, twice)
+                    .unwrap()
+            ),
+            "2026-11-01T06:00:00Z"
+        );
+        // Days without a change are as before, and so is the default rule.
+        assert_eq!(
+            runs_with(
+                "01:30",
+                "2026-10-30T00:00:00Z",
+                "2026-11-03T00:00:00Z",
+                NEW_YORK,
+                twice
+            ),
+            [
+                "2026-10-30T05:30:00Z",
+                "2026-10-31T05:30:00Z",
+                "2026-11-01T05:30:00Z",
+                "2026-11-01T06:30:00Z",
+                "2026-11-02T06:30:00Z"
+            ]
+        );
+        assert_eq!(
+            runs_with(
+                "01:30",
+                "2026-10-31T12:00:00Z",
+                "2026-11-02T12:00:00Z",
+                NEW_YORK,
+                DstRule::default()
+            ),
+            ["2026-11-01T05:30:00Z", "2026-11-02T06:30:00Z"]
+        );
+    }
+
+    #[test]
+    fn dst_gap_skip_drops_the_slots_a_spring_gap_removes() {
+        let skip = DstRule {
+            repeated: Repeated::Once,
+            gap: Gap::Skip,
+        };
+        // New York, 2026-03-08: 02:00 EST becomes 03:00 EDT.
+        assert_eq!(
+            runs_with(
+                "30 2 * * *",
+                "2026-03-07T00:00:00Z",
+                "2026-03-10T00:00:00Z",
+                NEW_YORK,
+                skip
+            ),
+            ["2026-03-07T07:30:00Z", "2026-03-09T06:30:00Z"],
+            "no 02:30 on the 8th"
+        );
+        assert_eq!(
+            runs_with(
+                "30 2 * * *",
+                "2026-03-07T00:00:00Z",
+                "2026-03-10T00:00:00Z",
+                NEW_YORK,
+                DstRule::default()
+            ),
+            [
+                "2026-03-07T07:30:00Z",
+                "2026-03-08T07:00:00Z",
+                "2026-03-09T06:30:00Z"
+            ],
+            "by default it runs once, when the gap ends (03:00 EDT)"
+        );
+        // A slot next to the gap is untouched.
+        assert_eq!(
+            runs_with(
+                "0 3 * * *",
+                "2026-03-07T12:00:00Z",
+                "2026-03-08T12:00:00Z",
+                NEW_YORK,
+                skip
+            ),
+            ["2026-03-08T07:00:00Z"]
         );
     }
 
