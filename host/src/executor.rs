@@ -122,6 +122,9 @@ pub fn decide_timer(
     if result.is_success() {
         return (RunOutcome::Done, "success");
     }
+    if result.cancelled {
+        return (RunOutcome::Failed, "cancelled");
+    }
     let retryable = result.retryable || result.status.is_some_and(|s| retry_codes.contains(&s));
     if retryable && attempts <= retries {
         let interval = if retry_interval_ms == 0 {
@@ -137,6 +140,20 @@ pub fn decide_timer(
         );
     }
     (RunOutcome::Failed, "failed")
+}
+
+/// A timer run under `overlap: cancel_running` cut off when the slot at `slot_ms` came:
+/// dropping the call's future closes a webhook's connection and ends a plugin's
+/// instance. Not retried; the finisher runs the slot that came.
+fn cancelled_run(slot_ms: i64) -> CallResult {
+    CallResult {
+        error: Some(format!(
+            "cancelled: the timer's next slot ({}) came while this run was going (overlap cancel_running)",
+            crate::store::rfc3339(slot_ms, chrono_tz::UTC)
+        )),
+        cancelled: true,
+        ..Default::default()
+    }
 }
 
 /// Runs an action's call within a timer's `timeout` (None: unbounded here; the action's
@@ -349,43 +366,61 @@ impl Engine {
                 return self.skip_late_timer_run(plan, attempts, started_at_ms, late_ms, limit);
             }
         }
-        let result = match &action {
-            Ok(Action::Webhook(webhook)) => {
-                let ctx = CallContext {
-                    life_uuid: &uuid,
-                    plan: plan_word,
-                    execution_count: attempts,
-                    fire_at_ms: plan.fire_at_ms,
-                    resource_id: plan.resource_id.as_deref(),
-                    extra_headers: &extra_headers,
-                };
-                bounded(plan.opts.timeout_ms, self.webhook.call(webhook, &ctx)).await
+        let call = async {
+            match &action {
+                Ok(Action::Webhook(webhook)) => {
+                    let ctx = CallContext {
+                        life_uuid: &uuid,
+                        plan: plan_word,
+                        execution_count: attempts,
+                        fire_at_ms: plan.fire_at_ms,
+                        resource_id: plan.resource_id.as_deref(),
+                        extra_headers: &extra_headers,
+                    };
+                    bounded(plan.opts.timeout_ms, self.webhook.call(webhook, &ctx)).await
+                }
+                Ok(Action::Plugin(p)) => {
+                    let ctx = InvokeContext {
+                        life_id: uuid.clone(),
+                        plan: kind,
+                        scheduled_at_ms: plan.fire_at_ms,
+                        attempt: attempts,
+                        resource_id: plan.resource_id.clone(),
+                    };
+                    let input = p.input.to_string();
+                    // The booking's own limit and a timer's `timeout`: the shorter one.
+                    let timeout_ms = match (p.timeout_ms, plan.opts.timeout_ms) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    let invocation = self
+                        .plugins
+                        .invoke(&p.plugin, &ctx, &input, timeout_ms)
+                        .await;
+                    plugin_result(&p.plugin, invocation)
+                }
+                Err(e) => CallResult {
+                    status: None,
+                    error: Some(e.clone()),
+                    ..Default::default()
+                },
             }
-            Ok(Action::Plugin(p)) => {
-                let ctx = InvokeContext {
-                    life_id: uuid.clone(),
-                    plan: kind,
-                    scheduled_at_ms: plan.fire_at_ms,
-                    attempt: attempts,
-                    resource_id: plan.resource_id.clone(),
-                };
-                let input = p.input.to_string();
-                // The booking's own limit and a timer's `timeout`: the shorter one.
-                let timeout_ms = match (p.timeout_ms, plan.opts.timeout_ms) {
-                    (Some(a), Some(b)) => Some(a.min(b)),
-                    (a, b) => a.or(b),
-                };
-                let invocation = self
-                    .plugins
-                    .invoke(&p.plugin, &ctx, &input, timeout_ms)
-                    .await;
-                plugin_result(&p.plugin, invocation)
+        };
+        let cancel_at_ms = match owner {
+            Some(Owner::Timer(name)) if plan.opts.cancel_at_next_slot => {
+                self.next_timer_slot(name, started_at_ms).await
             }
-            Err(e) => CallResult {
-                status: None,
-                error: Some(e.clone()),
-                ..Default::default()
-            },
+            _ => None,
+        };
+        let result = match cancel_at_ms {
+            None => call.await,
+            Some(at) => {
+                let wait = Duration::from_millis((at - started_at_ms).max(0) as u64);
+                tokio::select! {
+                    result = call => result,
+                    _ = tokio::time::sleep(wait) => cancelled_run(at),
+                }
+            }
         };
         let finished_at_ms = self.clock.now_ms();
         let (outcome, word) = match owner {

@@ -21,13 +21,15 @@ const PLANS: [&str; 4] = ["birth", "death", "timer", "task"];
 /// Outcomes a run is counted under (the words of the Plan's history).
 /// `expired`: a queue task dropped because its first attempt missed its `expire_after`.
 /// `skipped`: a timer slot not run because it could not start within its deadline.
-const OUTCOMES: [&str; 6] = [
+/// `cancelled`: a timer run cut off by its next slot (`overlap: cancel_running`).
+const OUTCOMES: [&str; 7] = [
     "success",
     "retry",
     "failed",
     "invalidated",
     "expired",
     "skipped",
+    "cancelled",
 ];
 
 /// The host's metrics.

@@ -243,6 +243,10 @@ pub struct RunOpts {
     /// not run but logged as skipped (its `starting_deadline`, or its catch-up window).
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub skip_if_late_ms: Option<u64>,
+    /// A timer's `overlap: cancel_running`: a run still going when the timer's next slot
+    /// comes is cut off then, recorded as cancelled, and that slot runs at once.
+    #[serde(skip_serializing_if = "std::ops::Not::not", default)]
+    pub cancel_at_next_slot: bool,
 }
 
 impl RunOpts {

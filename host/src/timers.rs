@@ -147,6 +147,9 @@ pub(crate) enum Overlap {
     Skip,
     /// The last such slot runs as soon as the run ends; any others are skipped.
     BufferOne,
+    /// The running call is cut off when the next slot comes (recorded as `cancelled`),
+    /// and that slot runs at once.
+    CancelRunning,
 }
 
 /// A timer's run policy: misfires, overlaps, the starting deadline and the dates it
@@ -201,6 +204,7 @@ impl TimerPolicy {
         match self.overlap {
             Overlap::Skip => "skip",
             Overlap::BufferOne => "buffer_one",
+            Overlap::CancelRunning => "cancel_running",
         }
     }
 
@@ -253,6 +257,7 @@ impl TimerPolicy {
             catch_up_window_ms: num("catch_up_window_ms").unwrap_or(0),
             overlap: match h.get("overlap").map(String::as_str) {
                 Some("buffer_one") => Overlap::BufferOne,
+                Some("cancel_running") => Overlap::CancelRunning,
                 _ => Overlap::Skip,
             },
             starting_deadline_ms: num("starting_deadline_ms").unwrap_or(0),
@@ -446,6 +451,7 @@ impl TimerDef {
             retries: Some(self.retries),
             timeout_ms: self.timeout_ms,
             skip_if_late_ms: self.policy.skip_if_late_ms(),
+            cancel_at_next_slot: self.policy.overlap == Overlap::CancelRunning,
         })
         .expect("opts serialize")
     }
@@ -586,12 +592,12 @@ fn apply_policy(body: &TimerBody, p: &mut TimerPolicy) -> Result<(), ApiError> {
         p.overlap = match o.as_str() {
             "skip" => Overlap::Skip,
             "buffer_one" => Overlap::BufferOne,
-            "cancel_running" => {
-                return Err(bad(
-                    "overlap `cancel_running` is not supported yet: use skip or buffer_one".into(),
-                ))
+            "cancel_running" => Overlap::CancelRunning,
+            other => {
+                return Err(bad(format!(
+                    "overlap `{other}` is not skip, buffer_one or cancel_running"
+                )))
             }
-            other => return Err(bad(format!("overlap `{other}` is not skip or buffer_one"))),
         };
     }
     if let Some(v) = &body.starting_deadline {
@@ -708,6 +714,7 @@ impl Engine {
                             let next = plan.next_ms.map(|ms| (ms, store::rfc3339(ms, tz)));
                             let word = match (outcome, run.record.outcome) {
                                 (_, "skipped") => "skipped",
+                                (_, "cancelled") => "cancelled",
                                 (RunOutcome::Done, _) => "done",
                                 _ => "failed",
                             };
@@ -746,6 +753,14 @@ impl Engine {
                 _ => return,
             }
         }
+    }
+
+    /// The first slot of timer `name` after `after_ms`, read from its stored definition
+    /// (None when it is gone, unreadable or never fires again): where a run under
+    /// `overlap: cancel_running` is cut off.
+    pub(crate) async fn next_timer_slot(&self, name: &str, after_ms: i64) -> Option<i64> {
+        let (hash, _plan) = self.store.timer_load(name).await.ok()??;
+        TimerDef::from_hash(name, &hash).ok()?.next_after(after_ms)
     }
 
     /// What follows a run of `slot_ms` that began at `run_began_ms` (see [`AfterRun`]).
@@ -809,14 +824,25 @@ impl Engine {
         }
         let (overlapped, more_overlapped) =
             calendar.between(run_began_ms, now_ms, MAX_SKIPS_COUNTED);
-        if let (Overlap::BufferOne, Some(last)) = (policy.overlap, overlapped.last()) {
+        let waited = match policy.overlap {
+            Overlap::Skip => None,
+            Overlap::BufferOne => Some(
+                "the previous run was still going; one slot waited for it (overlap buffer_one)",
+            ),
+            // The run was cut off when its next slot came; that slot runs now (a call that
+            // ended on its own just before it leaves nothing to cut off, and the same).
+            Overlap::CancelRunning => Some(
+                "the previous run was still going; it was cancelled and the last slot runs (overlap cancel_running)",
+            ),
+        };
+        if let (Some(reason), Some(last)) = (waited, overlapped.last()) {
             self.skip_record(
                 &mut skips,
                 name,
                 &overlapped[..overlapped.len() - 1],
                 false,
                 now_ms,
-                "the previous run was still going; one slot waited for it (overlap buffer_one)",
+                reason,
             );
             return AfterRun {
                 next_ms: Some(now_ms),

@@ -927,7 +927,6 @@ async fn exclude_dates_and_the_policy_fields_are_checked_and_shown() {
     );
     for (field, value) in [
         ("misfire", json!("later")),
-        ("overlap", json!("cancel_running")),
         ("overlap", json!("queue")),
         ("catch_up_limit", json!(0)),
         ("exclude_dates", json!(["2030-02-30"])),
@@ -1046,4 +1045,65 @@ async fn dst_twice_and_gap_skip_change_a_fixed_time_across_dst() {
         .patch("/timers/night", &json!({"dst": {"fold": "twice"}}))
         .await;
     assert_eq!(status, 400, "{reply}");
+}
+
+/// `overlap: cancel_running`: a run still going when the next slot comes is cut off then,
+/// recorded as cancelled (not retried), and that slot's run starts at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_running_cuts_off_the_run_when_the_next_slot_comes() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.set_delay(Duration::from_secs(30));
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let mut body = timer("cut", "*/2 * * * * *", "cut");
+    body["overlap"] = json!("cancel_running");
+    let (status, view) = api.post("/timers", &body).await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["overlap"], "cancel_running");
+    tokio::time::sleep(Duration::from_millis(7_500)).await;
+    api.post("/timers/cut/deactivate", &json!({})).await;
+
+    let history = runs(&api, "cut").await;
+    let mut cancelled: Vec<&Value> = history
+        .iter()
+        .filter(|r| r["outcome"] == "cancelled")
+        .collect();
+    cancelled.sort_by_key(|r| r["started_at"].as_i64().unwrap());
+    assert!(cancelled.len() >= 2, "{history:#?}");
+    for r in &cancelled {
+        let took = r["duration_ms"].as_i64().unwrap();
+        assert!(
+            (1_000..=2_600).contains(&took),
+            "a run is cut off at the next slot, at most 2 s after it began: {r}"
+        );
+        assert!(
+            r["error"].as_str().unwrap().contains("cancel_running"),
+            "{r}"
+        );
+        assert_eq!(r["attempt"], 1, "a cancelled run is not retried: {r}");
+    }
+    // The slot that cut a run off runs next, at once, and never beside it.
+    for w in cancelled.windows(2) {
+        let ended = w[0]["started_at"].as_i64().unwrap() + w[0]["duration_ms"].as_i64().unwrap();
+        let started = w[1]["started_at"].as_i64().unwrap();
+        assert!(started >= ended - 5, "two runs at once: {w:#?}");
+        assert!(started - ended < 500, "the next slot waited: {w:#?}");
+        let slot = w[1]["should_run_at"].as_i64().unwrap();
+        assert!(
+            (slot - ended).abs() < 300,
+            "it ran the slot that came: {w:#?}"
+        );
+    }
+    assert!(
+        history.iter().all(|r| r["outcome"] != "retry"),
+        "{history:#?}"
+    );
+    let (_, metrics) = api.text("/metrics").await;
+    assert!(
+        metrics.lines().any(|l| l.contains("outcome=\"cancelled\"")
+            && l.contains("timer")
+            && !l.ends_with(" 0")),
+        "{metrics}"
+    );
 }

@@ -53,6 +53,8 @@ pub struct CallResult {
     /// How long the target asked to wait before the next attempt (its `Retry-After`,
     /// RFC 9110 section 10.2.3), in ms.
     pub retry_after_ms: Option<u64>,
+    /// A timer run cut off by its next slot (`overlap: cancel_running`): not retried.
+    pub cancelled: bool,
 }
 
 /// Reads a `Retry-After` value at `now`: delay-seconds or an HTTP-date (a date in the
