@@ -120,7 +120,16 @@ pub struct QueueDef {
     /// outside workers lease); fixed when the queue is created. None: as it is (push
     /// for a new queue).
     pub mode: Option<QueueMode>,
+    /// Per-key limits: where a task's key is (a JSON pointer into its action's body or
+    /// input, or `header:NAME`), and how many tasks of one key may run at once (0 = no
+    /// limit) and start per second (0 = no limit). Applied by `start_run.lua`.
+    pub key: Option<String>,
+    pub max_concurrent_per_key: u32,
+    pub rate_per_key: f64,
 }
+
+/// Longest `key` of a queue.
+const MAX_KEY_PATH: usize = 200;
 
 /// How a queue's tasks are worked (GAE task queues' push and pull modes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,6 +163,9 @@ impl Default for QueueDef {
             max_concurrent: 1000,
             retry: RetryPolicy::default(),
             mode: None,
+            key: None,
+            max_concurrent_per_key: 0,
+            rate_per_key: 0.0,
         }
     }
 }
@@ -170,6 +182,12 @@ impl QueueDef {
             ("retry_min_backoff_ms", r.min_backoff_ms.to_string()),
             ("retry_max_backoff_ms", r.max_backoff_ms.to_string()),
             ("retry_max_doublings", r.max_doublings.to_string()),
+            ("key", self.key.clone().unwrap_or_default()),
+            (
+                "max_concurrent_per_key",
+                self.max_concurrent_per_key.to_string(),
+            ),
+            ("rate_per_key", self.rate_per_key.to_string()),
         ]
         .into_iter()
         .chain(self.mode.map(|m| ("mode", m.as_str().to_string())))
@@ -191,6 +209,15 @@ impl QueueDef {
                 .unwrap_or(d.max_concurrent),
             retry: RetryPolicy::from_hash(h),
             mode: Some(QueueMode::of(h)),
+            key: h.get("key").filter(|k| !k.is_empty()).cloned(),
+            max_concurrent_per_key: h
+                .get("max_concurrent_per_key")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0),
+            rate_per_key: h
+                .get("rate_per_key")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0),
         }
     }
 
@@ -213,6 +240,9 @@ pub(crate) struct QueueBody {
     max_concurrent: Option<u32>,
     retry: Option<RetryBody>,
     mode: Option<String>,
+    key: Option<String>,
+    max_concurrent_per_key: Option<u32>,
+    rate_per_key: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -299,6 +329,34 @@ impl QueueBody {
         if let Some(m) = self.max_concurrent {
             def.max_concurrent = m;
         }
+        let per_key = self.max_concurrent_per_key.is_some() || self.rate_per_key.is_some();
+        if def.mode == Some(QueueMode::Pull) && (per_key || self.key.is_some()) {
+            return Err(bad(
+                "invalid_queue",
+                "a pull queue has no key, max_concurrent_per_key or rate_per_key: its workers lease tasks at their own pace",
+            ));
+        }
+        if let Some(key) = self.key.filter(|k| !k.is_empty()) {
+            check_key_path(&key)?;
+            def.key = Some(key);
+        } else if per_key {
+            return Err(bad(
+                "invalid_queue",
+                "max_concurrent_per_key and rate_per_key need a key: a JSON pointer into the task's body such as \"/customer_id\", or \"header:X-Customer\"",
+            ));
+        }
+        if let Some(m) = self.max_concurrent_per_key {
+            def.max_concurrent_per_key = m;
+        }
+        if let Some(rate) = self.rate_per_key {
+            if !rate.is_finite() || rate < 0.0 {
+                return Err(bad(
+                    "invalid_queue",
+                    "rate_per_key must be tasks per second, 0 for no limit",
+                ));
+            }
+            def.rate_per_key = rate;
+        }
         if let Some(r) = self.retry {
             let p = &mut def.retry;
             if let Some(l) = r.limit {
@@ -337,6 +395,32 @@ impl QueueBody {
         }
         Ok(def)
     }
+}
+
+/// A queue's `key`: a JSON pointer (RFC 6901, e.g. `/customer/id`) into a task's action
+/// body, or `header:NAME` for one of a webhook's headers.
+fn check_key_path(key: &str) -> Result<(), ApiError> {
+    let fine = key.len() <= MAX_KEY_PATH
+        && match key.strip_prefix("header:") {
+            Some(name) => is_header_name(name),
+            None => key.starts_with('/'),
+        };
+    if fine {
+        Ok(())
+    } else {
+        Err(bad(
+            "invalid_queue",
+            format!("key `{key}` is neither a JSON pointer into the task's body (\"/customer_id\") nor \"header:NAME\" (at most {MAX_KEY_PATH} bytes)"),
+        ))
+    }
+}
+
+/// An HTTP header name (RFC 9110 token).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 #[derive(Debug, Deserialize)]

@@ -320,15 +320,28 @@ async fn pause_resume_purge_delete_and_task_names() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_of_a_crashed_host_runs_again_and_frees_its_concurrency() {
+    a_crashed_run_frees_its_slot(json!({"rate": 0, "max_concurrent": 1})).await;
+}
+
+/// The same with the slot of a key: the crashed run leaves its key's count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_of_a_crashed_host_frees_its_keys_slot() {
+    a_crashed_run_frees_its_slot(
+        json!({"rate": 0, "max_concurrent": 0, "key": "/tag", "max_concurrent_per_key": 1}),
+    )
+    .await;
+}
+
+/// Two tasks (of one key: `hook("c")` has body `{"tag": "c"}`) on a queue that runs one
+/// at a time; the host running the first is killed.
+async fn a_crashed_run_frees_its_slot(settings: Value) {
     let redis = RedisServer::start();
     let sink = Sink::start().await;
     sink.set_delay(Duration::from_secs(4));
     let mut a = Host::start(&redis.url(), &flags(&sink, &[]));
     let api = Api::new(&a);
-    let (status, _) = api
-        .put("/queues/one", &json!({"rate": 0, "max_concurrent": 1}))
-        .await;
-    assert_eq!(status, 200);
+    let (status, reply) = api.put("/queues/one", &settings).await;
+    assert_eq!(status, 200, "{reply}");
     add(
         &api,
         "one",
@@ -343,7 +356,8 @@ async fn a_task_of_a_crashed_host_runs_again_and_frees_its_concurrency() {
     sink.set_delay(Duration::from_millis(50));
 
     // Another host takes A's Plans over when its 2 s lease expires: t1 runs again, and
-    // t2 is admitted only if the crashed run left the queue's running set.
+    // t2 is admitted only if the crashed run left the queue's running set (or its key's
+    // count).
     let b = Host::start(&redis.url(), &flags(&sink, &[]));
     let got = sink
         .wait_until("t1 again and t2", Duration::from_secs(15), |r| {
@@ -584,4 +598,165 @@ async fn wait_for_failed(api: &Api, queue: &str, n: usize, within: Duration) -> 
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Arrival times at the sink of each key's tasks, by the key found with `key_of`.
+fn arrivals_by_key(
+    got: &[Received],
+    key_of: impl Fn(&Received) -> String,
+) -> std::collections::BTreeMap<String, Vec<i64>> {
+    let mut by_key = std::collections::BTreeMap::<String, Vec<i64>>::new();
+    for r in got {
+        by_key.entry(key_of(r)).or_default().push(r.at_ms);
+    }
+    for times in by_key.values_mut() {
+        times.sort_unstable();
+    }
+    by_key
+}
+
+/// `max_concurrent_per_key`: one customer's tasks run one at a time, and a customer with
+/// a long backlog holds back none of the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_hot_key_runs_alone_and_holds_back_no_other_key() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.set_delay(Duration::from_millis(400));
+    let a = Host::start(&redis.url(), &flags(&sink, &[]));
+    let b = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&a);
+    let (status, view) = api
+        .put(
+            "/queues/per",
+            &json!({"rate": 0, "max_concurrent": 0, "key": "/customer/id",
+                    "max_concurrent_per_key": 1}),
+        )
+        .await;
+    assert_eq!(status, 200, "{view}");
+    assert_eq!(view["key"], "/customer/id");
+    assert_eq!(view["max_concurrent_per_key"], 1);
+    let customer_task = |customer: &str, n: usize| {
+        json!({"name": format!("{customer}-{n}"),
+               "action": {"path": "/hook", "method": "POST",
+                          "body": {"customer": {"id": customer}, "n": n}}})
+    };
+    // The hot customer's backlog first, then three others; a task without the key is
+    // limited by the queue alone.
+    add(
+        &api,
+        "per",
+        (0..10).map(|n| customer_task("hot", n)).collect(),
+    )
+    .await;
+    let others: Vec<Value> = ["a", "b", "c"]
+        .iter()
+        .flat_map(|c| (0..2).map(move |n| customer_task(c, n)))
+        .chain([json!({"name": "keyless", "action": hook("keyless")})])
+        .collect();
+    add(&Api::new(&b), "per", others).await;
+
+    let got = sink.wait_count(17, Duration::from_secs(20)).await;
+    let started = got.iter().map(|r| r.at_ms).min().unwrap();
+    let by_key = arrivals_by_key(&got, |r| {
+        let body: Value = serde_json::from_slice(&r.body).unwrap();
+        body["customer"]["id"].as_str().unwrap_or("-").to_string()
+    });
+    assert_eq!(by_key["hot"].len(), 10, "{by_key:?}");
+    for (key, times) in &by_key {
+        if key == "-" {
+            continue;
+        }
+        for w in times.windows(2) {
+            assert!(
+                w[1] - w[0] >= 350,
+                "two tasks of `{key}` ran at once (400 ms each): {times:?}"
+            );
+        }
+    }
+    for key in ["a", "b", "c", "-"] {
+        let first = by_key[key][0];
+        assert!(
+            first - started < 1_500,
+            "`{key}` waited {} ms behind the hot key",
+            first - started
+        );
+    }
+    // Nothing is left counted or waiting once all ran.
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, queue) = api.get("/queues/per").await;
+        if queue["tasks"]["running"] == 0 && queue["tasks"]["pending"] == 0 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{queue:#}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let keys_left = redis.cli(&["--scan", "--pattern", "*queue:per:k*"]);
+    assert!(
+        keys_left.trim().is_empty(),
+        "per-key counts and waiting sets are gone: {keys_left}"
+    );
+}
+
+/// `rate_per_key` with the key in a header: each key's tasks start at most 2 a second,
+/// and two keys run side by side.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_per_key_spaces_each_key_and_not_the_queue() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, view) = api
+        .put(
+            "/queues/paced",
+            &json!({"rate": 0, "key": "header:X-Customer", "rate_per_key": 2}),
+        )
+        .await;
+    assert_eq!(status, 200, "{view}");
+    let tasks: Vec<Value> = (0..6)
+        .flat_map(|n| {
+            ["k1", "k2"].map(|k| {
+                json!({"name": format!("{k}-{n}"),
+                       "action": {"path": "/hook", "method": "POST",
+                                  "headers": {"x-customer": k}}})
+            })
+        })
+        .collect();
+    add(&api, "paced", tasks).await;
+    let got = sink.wait_count(12, Duration::from_secs(15)).await;
+    let by_key = arrivals_by_key(&got, |r| r.header("x-customer").unwrap_or("-").to_string());
+    for (key, times) in &by_key {
+        assert_eq!(times.len(), 6, "{by_key:?}");
+        for w in times.windows(2) {
+            assert!(w[1] - w[0] >= 420, "`{key}` faster than 2/s: {times:?}");
+        }
+        let span = times[5] - times[0];
+        assert!(span < 4_000, "`{key}` far slower than 2/s: {times:?}");
+    }
+    assert!(
+        (by_key["k1"][0] - by_key["k2"][0]).abs() < 400,
+        "the keys ran side by side: {by_key:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_key_settings_are_checked() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    for body in [
+        json!({"max_concurrent_per_key": 2}),
+        json!({"rate_per_key": 1}),
+        json!({"key": "customer", "max_concurrent_per_key": 1}),
+        json!({"key": "header:bad header", "max_concurrent_per_key": 1}),
+        json!({"key": "/c", "rate_per_key": -1}),
+        json!({"mode": "pull", "key": "/c"}),
+    ] {
+        let (status, reply) = api.put("/queues/q", &body).await;
+        assert_eq!(status, 400, "{body}: {reply}");
+        assert_eq!(reply["error"]["code"], "invalid_queue", "{reply}");
+    }
+    let (status, _) = api.get("/queues/q").await;
+    assert_eq!(status, 404, "nothing was stored");
 }

@@ -89,6 +89,9 @@ pub(crate) async fn queue_json(
         "rate": def.rate,
         "bucket_size": def.bucket_size,
         "max_concurrent": def.max_concurrent,
+        "key": def.key,
+        "max_concurrent_per_key": def.max_concurrent_per_key,
+        "rate_per_key": def.rate_per_key,
         "retry": {
             "limit": def.retry.limit,
             "age_limit": secs(def.retry.age_limit_ms),
@@ -102,7 +105,14 @@ pub(crate) async fn queue_json(
     if mode == QueueMode::Pull {
         // Workers lease at their own pace: no rate or concurrency, nothing runs here.
         let obj = view.as_object_mut().expect("an object");
-        for field in ["rate", "bucket_size", "max_concurrent"] {
+        for field in [
+            "rate",
+            "bucket_size",
+            "max_concurrent",
+            "key",
+            "max_concurrent_per_key",
+            "rate_per_key",
+        ] {
             obj.remove(field);
         }
         view["tasks"] =

@@ -157,11 +157,64 @@ local function wake_waiting(queue, n, notify_before_ms)
   return #ids
 end
 
+-- Per-key limits (a queue's `key`, `max_concurrent_per_key`, `rate_per_key`): a task
+-- carries its key's value as `ck` (task_add). A task whose key runs its
+-- max_concurrent_per_key already waits in that key's own waiting set, so that one busy
+-- key never stands in front of the others; `kwaiting` lists the keys that have one.
+-- `key_running` counts each key's runs, `running_key` names the key of each run
+-- (`{plan}#{claim}` -> ck).
+local function key_waiting_key(queue, ck)
+  return PREFIX .. 'queue:' .. queue .. ':kwait:' .. ck
+end
+
+-- Moves up to N of a key's waiting tasks back to due_tasks, oldest first (start_run
+-- checks the key's limit again). Returns how many moved.
+local function wake_key(queue, ck, n, notify_before_ms)
+  if n <= 0 then return 0 end
+  local qk = PREFIX .. 'queue:' .. queue
+  if redis.call('HGET', qk, 'state') == 'paused' then return 0 end
+  local wk = key_waiting_key(queue, ck)
+  local items = redis.call('ZRANGE', wk, 0, n - 1, 'WITHSCORES')
+  local ids = {}
+  for i = 1, #items, 2 do
+    ids[#ids + 1] = items[i]
+    redis.call('ZADD', PREFIX .. 'due_tasks', items[i + 1], items[i])
+  end
+  if #ids > 0 then
+    redis.call('ZREM', wk, unpack(ids))
+    notify_if_soon(items[2], notify_before_ms)
+  end
+  if redis.call('EXISTS', wk) == 0 then redis.call('SREM', qk .. ':kwaiting', ck) end
+  return #ids
+end
+
+-- A task leaves whichever waiting set holds it (deleted, purged, or run by hand).
+local function leave_waiting(queue, plan_id, pk)
+  redis.call('ZREM', waiting_key(queue), plan_id)
+  local ck = redis.call('HGET', pk, 'ck')
+  if ck then
+    local wk = key_waiting_key(queue, ck)
+    if redis.call('ZREM', wk, plan_id) == 1 and redis.call('EXISTS', wk) == 0 then
+      redis.call('SREM', PREFIX .. 'queue:' .. queue .. ':kwaiting', ck)
+    end
+  end
+end
+
 -- A queue task's run is over (finished, handed back or purged): it leaves the queue's
--- running set, and the slot it frees goes to the first waiting task.
+-- running set and its key's count, and the slots it frees go to the first waiting task
+-- of the queue and of its key.
 local function leave_running(queue, member, notify_before_ms)
-  if redis.call('SREM', PREFIX .. 'queue:' .. queue .. ':running', member) == 1 then
+  local qk = PREFIX .. 'queue:' .. queue
+  if redis.call('SREM', qk .. ':running', member) == 1 then
     wake_waiting(queue, 1, notify_before_ms)
+  end
+  local ck = redis.call('HGET', qk .. ':running_key', member)
+  if ck then
+    redis.call('HDEL', qk .. ':running_key', member)
+    if redis.call('HINCRBY', qk .. ':key_running', ck, -1) <= 0 then
+      redis.call('HDEL', qk .. ':key_running', ck)
+    end
+    wake_key(queue, ck, 1, notify_before_ms)
   end
 end
 

@@ -15,7 +15,7 @@ for _, index in ipairs({KEYS[2], KEYS[3]}) do
     if redis.call('HGET', pk, 'state') ~= 'Running' then
       release_claim(pk, plan_id)
       redis.call('ZREM', KEYS[4], plan_id)
-      redis.call('ZREM', waiting_key(queue), plan_id)
+      leave_waiting(queue, plan_id, pk)
       redis.call('ZREM', KEYS[1] .. ':leased', task)
       redis.call('DEL', pk)
       redis.call('ZREM', index, task)
@@ -26,7 +26,8 @@ for _, index in ipairs({KEYS[2], KEYS[3]}) do
 end
 local left = redis.call('ZCARD', KEYS[2]) + redis.call('ZCARD', KEYS[3])
 if ARGV[6] == '1' and left == 0 then
-  redis.call('DEL', KEYS[1], KEYS[1] .. ':running', KEYS[1] .. ':leased', waiting_key(queue))
+  redis.call('DEL', KEYS[1], KEYS[1] .. ':running', KEYS[1] .. ':leased', waiting_key(queue),
+    KEYS[1] .. ':kwaiting', KEYS[1] .. ':key_running', KEYS[1] .. ':running_key')
   redis.call('ZREM', KEYS[5], queue)
 end
 return {removed, left}

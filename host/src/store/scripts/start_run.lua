@@ -20,6 +20,10 @@
 --   back to due_tasks for the time its token comes (the k-th refused task of a queue in
 --   one call for the k-th token, so that they come back spread out). Either way it is
 --   Standby and no host holds it, so a saturated queue never takes the room of other work.
+--   A task with a key (`ck`, common.lua) must also find its key under the queue's
+--   max_concurrent_per_key (else it waits in the key's own waiting set) and a token in
+--   the key's bucket (one token, refilled at rate_per_key: else back to due_tasks for
+--   the time it comes).
 -- - a queue task whose first attempt has not started by its `expires_at_ms` (its ETA plus
 --   `expire_after`) never starts: it is dropped ('dropped') into its queue's failed list
 --   as Expired, with the reason recorded. Retries of a task that started are not bound.
@@ -38,34 +42,74 @@ if owned ~= 'ok' then
   return out
 end
 
--- 0 when the task may run now (its token taken and its run counted); WAIT_IN_QUEUE when
--- it must wait for the queue (paused, or max_concurrent reached); else ms to its token.
-local WAIT_IN_QUEUE = -1
+-- 0 when the task may run now (its tokens taken and its run counted); WAIT_IN_QUEUE when
+-- it must wait for the queue (paused, or max_concurrent reached); WAIT_FOR_KEY when its
+-- key runs max_concurrent_per_key tasks already; else ms to its token.
+local WAIT_IN_QUEUE, WAIT_FOR_KEY = -1, -2
 local refused = {}
-local function admit_task(queue, member)
+
+-- A token bucket (fields `tokens`, `tokens_at_ms` of hash KEY) refilled at RATE per
+-- second up to BUCKET: {tokens now, ms to wait} where the wait is 0 when one is there
+-- (taken by take_token), else the time until the N-th refused task's token comes.
+local function bucket_state(key, rate, bucket, n, tokens, at_ms)
+  tokens = tonumber(tokens) or bucket
+  local elapsed = math.max(now_ms - (tonumber(at_ms) or now_ms), 0)
+  tokens = math.min(bucket, tokens + elapsed * rate / 1000)
+  if tokens >= 1 then return tokens, 0 end
+  return tokens, math.max(math.ceil((n + 1 - tokens) * 1000 / rate), 1)
+end
+
+local function admit_task(queue, member, ck)
   local qk = PREFIX .. 'queue:' .. queue
-  local d = redis.call('HMGET', qk, 'state', 'rate', 'bucket_size', 'max_concurrent', 'tokens', 'tokens_at_ms')
+  local d = redis.call('HMGET', qk, 'state', 'rate', 'bucket_size', 'max_concurrent', 'tokens',
+    'tokens_at_ms', 'max_concurrent_per_key', 'rate_per_key')
   if d[1] == 'paused' then return WAIT_IN_QUEUE end
   local running = qk .. ':running'
   local max_concurrent = tonumber(d[4]) or 0
   if max_concurrent > 0 and redis.call('SCARD', running) >= max_concurrent then
     return WAIT_IN_QUEUE
   end
-  local rate = tonumber(d[2]) or 0
+  local per_key = ck and (tonumber(d[7]) or 0) or 0
+  if per_key > 0 and (tonumber(redis.call('HGET', qk .. ':key_running', ck)) or 0) >= per_key then
+    return WAIT_FOR_KEY
+  end
+  local rate, key_rate = tonumber(d[2]) or 0, ck and (tonumber(d[8]) or 0) or 0
+  local tokens, key_tokens, kb
   if rate > 0 then
-    local k = refused[queue] or 0
-    local bucket = math.max(tonumber(d[3]) or 1, 1)
-    local tokens = tonumber(d[5]) or bucket
-    local elapsed = math.max(now_ms - (tonumber(d[6]) or now_ms), 0)
-    tokens = math.min(bucket, tokens + elapsed * rate / 1000)
-    if tokens < 1 then
+    local wait
+    tokens, wait = bucket_state(qk, rate, math.max(tonumber(d[3]) or 1, 1),
+      refused[queue] or 0, d[5], d[6])
+    if wait > 0 then
       redis.call('HSET', qk, 'tokens', tostring(tokens), 'tokens_at_ms', now_ms)
-      refused[queue] = k + 1
-      return math.max(math.ceil((k + 1 - tokens) * 1000 / rate), 1)
+      refused[queue] = (refused[queue] or 0) + 1
+      return wait
     end
+  end
+  if key_rate > 0 then
+    kb = qk .. ':kbucket:' .. ck
+    local b = redis.call('HMGET', kb, 'tokens', 'tokens_at_ms')
+    local n = refused[kb] or 0
+    local wait
+    key_tokens, wait = bucket_state(kb, key_rate, 1, n, b[1], b[2])
+    if wait > 0 then
+      redis.call('HSET', kb, 'tokens', tostring(key_tokens), 'tokens_at_ms', now_ms)
+      redis.call('PEXPIRE', kb, math.ceil(1000 / key_rate) + 1000)
+      refused[kb] = n + 1
+      return wait
+    end
+  end
+  if rate > 0 then
     redis.call('HSET', qk, 'tokens', tostring(tokens - 1), 'tokens_at_ms', now_ms)
   end
+  if key_rate > 0 then
+    redis.call('HSET', kb, 'tokens', tostring(key_tokens - 1), 'tokens_at_ms', now_ms)
+    redis.call('PEXPIRE', kb, math.ceil(1000 / key_rate) + 1000)
+  end
   redis.call('SADD', running, member)
+  if per_key > 0 then
+    redis.call('HINCRBY', qk .. ':key_running', ck, 1)
+    redis.call('HSET', qk .. ':running_key', member, ck)
+  end
   return 0
 end
 
@@ -98,7 +142,7 @@ for i = 6, #ARGV, 2 do
   local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
   local pk = plan_key(plan_id)
   local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'claims', 'fire_at_ms',
-    'resource_id', 'attempts', 'interrupted', 'term', 'expires_at_ms')
+    'resource_id', 'attempts', 'interrupted', 'term', 'expires_at_ms', 'ck')
   local result
   if f[1] == 'Running' and f[2] == host and f[3] == claim then
     result = 'run:' .. (f[6] or '1')
@@ -148,7 +192,7 @@ for i = 6, #ARGV, 2 do
       local head = redis.call('ZRANGE', order_key(f[5]), 0, 0)[1]
       first = head == nil or head == plan_id
     end
-    if first and queue then wait = admit_task(queue, plan_id .. '#' .. claim) end
+    if first and queue then wait = admit_task(queue, plan_id .. '#' .. claim, f[10]) end
     if not first then
       result = 'busy'
     elseif wait == 0 then
@@ -161,6 +205,9 @@ for i = 6, #ARGV, 2 do
       redis.call('HSET', pk, 'state', 'Standby')
       if wait == WAIT_IN_QUEUE then
         redis.call('ZADD', waiting_key(queue), f[4], plan_id)
+      elseif wait == WAIT_FOR_KEY then
+        redis.call('ZADD', key_waiting_key(queue, f[10]), f[4], plan_id)
+        redis.call('SADD', PREFIX .. 'queue:' .. queue .. ':kwaiting', f[10])
       else
         redis.call('ZADD', PREFIX .. 'due_tasks', now_ms + wait, plan_id)
       end

@@ -31,6 +31,43 @@ for i = 7, #ARGV, 7 do
   end
 end
 local pull = redis.call('HGET', KEYS[1], 'mode') == 'pull'
+-- A queue with per-key limits names where a task's key is (`key`): a JSON pointer into
+-- the action's body (a webhook's `body`, a plugin's `input`), or `header:NAME` for a
+-- webhook header. The value found (a string, number or boolean; longer than 200 bytes:
+-- its SHA-1) is stored as the task's `ck`; a task without one is limited by the queue
+-- alone.
+local key_path = redis.call('HGET', KEYS[1], 'key') or ''
+local function task_key(action_json)
+  if key_path == '' or action_json == '' then return nil end
+  local ok, action = pcall(cjson.decode, action_json)
+  if not ok or type(action) ~= 'table' then return nil end
+  local v
+  local header = string.match(key_path, '^header:(.+)$')
+  if header then
+    header = string.lower(header)
+    for name, value in pairs(type(action.headers) == 'table' and action.headers or {}) do
+      if string.lower(name) == header then v = value end
+    end
+  else
+    v = action.body
+    if v == nil then v = action.input end
+    for part in string.gmatch(string.sub(key_path, 2) .. '/', '([^/]*)/') do
+      if type(v) ~= 'table' then return nil end
+      part = string.gsub(string.gsub(part, '~1', '/'), '~0', '~')
+      local index = tonumber(part)
+      if v[part] ~= nil then v = v[part]
+      elseif index then v = v[index + 1]
+      else return nil end
+    end
+  end
+  local t = type(v)
+  if t == 'number' then
+    if v == math.floor(v) and math.abs(v) < 1e15 then v = string.format('%d', v) else v = tostring(v) end
+  elseif t == 'boolean' then v = tostring(v)
+  elseif t ~= 'string' then return nil end
+  if #v > 200 then return redis.sha1hex(v) end
+  return v
+end
 for i = 7, #ARGV, 7 do
   if pull ~= (ARGV[i + 5] ~= '') then
     if pull then return {'mode', 'pull'} end
@@ -51,6 +88,8 @@ for i = 7, #ARGV, 7 do
     if ARGV[i + 6] ~= '' then add('tag', ARGV[i + 6]) end
   else
     add('action', ARGV[i + 3])
+    local ck = task_key(ARGV[i + 3])
+    if ck then add('ck', ck) end
     if ARGV[i + 4] ~= '' then add('expires_at_ms', ARGV[i + 4]) end
     redis.call('ZADD', KEYS[3], eta_ms, plan_id)
     if not min_eta or tonumber(eta_ms) < min_eta then min_eta = tonumber(eta_ms) end

@@ -16,7 +16,7 @@ if not state then return 'missing' end
 if state == 'Running' then return 'running' end
 release_claim(KEYS[1], plan_id)
 redis.call('ZREM', KEYS[4], plan_id)
-redis.call('ZREM', waiting_key(queue), plan_id)
+leave_waiting(queue, plan_id, KEYS[1])
 -- A pull task's lease, if any, ends: its worker's ack or nack is refused.
 local pull = redis.call('HGET', KEYS[1], 'pull') == '1'
 if pull then
