@@ -203,6 +203,11 @@ pub struct ServeArgs {
     /// (fsync before each answer; slower bookings) [default: everysec].
     #[arg(long, env = "KAIROS_DURABILITY")]
     pub durability: Option<String>,
+    /// `system`, or `manual` for users' integration tests: the clock runs and may also be
+    /// moved ahead with `POST /clock`, every Plan due on the way firing in order (loopback
+    /// only) [default: system].
+    #[arg(long, env = "KAIROS_CLOCK")]
+    pub clock: Option<String>,
 }
 
 /// An API token and the scope it grants.
@@ -284,6 +289,8 @@ pub struct Config {
     pub redis_maxmemory: Option<String>,
     /// appendfsync of the managed redis-server: `everysec` or `always`.
     pub durability: String,
+    /// `--clock manual`: `POST /clock` may move the engine's clock ahead.
+    pub manual_clock: bool,
 }
 
 impl Default for Config {
@@ -377,6 +384,7 @@ const KNOWN_KEYS: &[&str] = &[
     "allow_eviction",
     "redis_maxmemory",
     "durability",
+    "clock",
 ];
 
 /// Checks a memory size as redis-server reads it: bytes, or a number with `kb`, `mb`,
@@ -707,6 +715,15 @@ impl Config {
                     )))
                 }
             },
+            manual_clock: match r.pick("clock", &args.clock).as_deref() {
+                None | Some("system") => false,
+                Some("manual") => true,
+                Some(text) => {
+                    return Err(ConfigError(format!(
+                        "clock: `{text}` is neither `system` nor `manual`"
+                    )))
+                }
+            },
         };
         config.check()?;
         Ok(config)
@@ -736,6 +753,12 @@ impl Config {
             return Err(ConfigError(
                 "key_prefix: must be non-empty without spaces".into(),
             ));
+        }
+        if self.manual_clock && !self.listen.ip().is_loopback() {
+            return Err(ConfigError(format!(
+                "clock: `manual` is for tests (any API caller with the admin scope could move time); listen on a loopback address, not {}",
+                self.listen
+            )));
         }
         Ok(())
     }
@@ -904,6 +927,29 @@ mod tests {
         for bad in ["0", "-1", "many", "1.5"] {
             assert!(with(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn a_manual_clock_is_for_loopback_listens_only() {
+        assert!(!Config::default().manual_clock);
+        let manual = |listen: &str| {
+            Config::resolve(&ServeArgs {
+                clock: Some("manual".into()),
+                listen: Some(listen.into()),
+                api_tokens: Some("t:admin".into()),
+                ..Default::default()
+            })
+        };
+        assert!(manual("127.0.0.1:8080").unwrap().manual_clock);
+        let refused = manual("0.0.0.0:8080").unwrap_err().0;
+        assert!(refused.contains("loopback"), "{refused}");
+        let unknown = Config::resolve(&ServeArgs {
+            clock: Some("fast".into()),
+            ..Default::default()
+        })
+        .unwrap_err()
+        .0;
+        assert!(unknown.contains("system"), "{unknown}");
     }
 
     #[test]

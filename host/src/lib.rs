@@ -45,4 +45,5 @@ pub mod scheduler;
 pub mod server;
 pub mod store;
 pub mod supervisor;
+pub mod time_travel;
 pub mod timers;

@@ -193,7 +193,9 @@ impl WaitingRuns {
     }
 }
 
-fn clock_now_ms() -> i64 {
+/// The machine's clock: leases, heartbeats and outages are timed by it, never by the
+/// engine's clock (which `--clock manual` moves ahead).
+pub(crate) fn wall_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
@@ -252,8 +254,8 @@ impl Engine {
             running: AtomicUsize::new(0),
             renew_now: Notify::new(),
             last_store_error_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
-            last_renewed_ms: std::sync::atomic::AtomicI64::new(clock_now_ms()),
-            lease: LeaseWatch::new(clock_now_ms() + lease_ms),
+            last_renewed_ms: std::sync::atomic::AtomicI64::new(wall_ms()),
+            lease: LeaseWatch::new(wall_ms() + lease_ms),
             starved: AtomicBool::new(false),
             queue_tx,
             queue_rx: Mutex::new(Some(queue_rx)),
@@ -276,6 +278,18 @@ impl Engine {
     /// Asks the claimer for a pass now.
     pub fn wake_claimer(&self) {
         self.claim_wakeup.notify_one();
+    }
+
+    /// Asks the claimer for a pass over every shard it works now, and the dispatcher to
+    /// look at the time again: the clock has moved ahead.
+    pub(crate) fn clock_moved(&self) {
+        let active = self.shards.active();
+        self.dirty
+            .lock()
+            .expect("dirty lock")
+            .extend(active.into_iter().map(|(s, _)| s));
+        self.claim_wakeup.notify_one();
+        self.timer_wakeup.notify_one();
     }
 
     /// Puts a claimed Plan (back) into the timer.
@@ -412,12 +426,12 @@ impl Engine {
 
     /// Whether the lease a token was taken under still holds.
     pub(crate) fn lease_intact(&self, token: u64) -> bool {
-        self.lease.intact(token, self.clock.now_ms())
+        self.lease.intact(token, wall_ms())
     }
 
     /// How long ago the lease was last renewed (ms).
     pub fn ms_since_lease_renewed(&self) -> i64 {
-        self.clock.now_ms() - self.last_renewed_ms.load(Ordering::Acquire)
+        wall_ms() - self.last_renewed_ms.load(Ordering::Acquire)
     }
 
     /// Plans this host holds in memory (timer, queue, running).

@@ -9,7 +9,7 @@ use tokio::sync::watch;
 
 use crate::api::{self, App};
 use crate::bookings::Bookings;
-use crate::clock::{Clock, SystemClock};
+use crate::clock::{Clock, ManualClock, SystemClock};
 use crate::config::Config;
 use crate::managed_redis::ManagedRedis;
 use crate::outbound::{OutboundPolicy, PolicyResolver};
@@ -74,7 +74,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot read timers to upgrade their schedules: {e}"))?;
     take_host_id(&store, &config).await?;
 
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let manual_clock = config
+        .manual_clock
+        .then(|| Arc::new(ManualClock::default()));
+    let clock: Arc<dyn Clock> = match &manual_clock {
+        Some(manual) => {
+            tracing::warn!("the clock is manual (--clock manual): POST /clock moves it ahead");
+            manual.clone()
+        }
+        None => Arc::new(SystemClock),
+    };
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let tls = crate::actions::webhook::tls_config(config.tls_ca_file.as_deref())
         .map_err(anyhow::Error::msg)?;
@@ -146,6 +155,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         engine: engine.clone(),
         bookings,
         plugins,
+        manual_clock,
     });
     if let Some(listener) = metrics_listener {
         tracing::info!(listen = %listener.local_addr()?, "serving /metrics without a token");

@@ -142,7 +142,7 @@ impl Engine {
 
     /// One look at the shards.
     pub(crate) async fn keep_shards(&self, stopping: bool) {
-        let started_ms = self.clock.now_ms();
+        let started_ms = crate::scheduler::wall_ms();
         let lease_ms = self.lease_ms();
         let live = match self
             .store
@@ -216,7 +216,7 @@ impl Engine {
         let outage_ms = self
             .last_store_error_ms
             .load(std::sync::atomic::Ordering::Acquire);
-        let recovering = self.clock.now_ms().saturating_sub(outage_ms) < self.lease_ms();
+        let recovering = crate::scheduler::wall_ms().saturating_sub(outage_ms) < self.lease_ms();
         if recovering {
             match self.store.shard_owner(shard).await {
                 Ok(Some(owner)) if !owner.host.is_empty() && owner.host != self.host_id => return,
@@ -332,8 +332,10 @@ impl Engine {
 
     /// Notes that Redis could not be reached just now (see `last_store_error_ms`).
     pub(crate) fn store_failed(&self) {
-        self.last_store_error_ms
-            .store(self.clock.now_ms(), std::sync::atomic::Ordering::Release);
+        self.last_store_error_ms.store(
+            crate::scheduler::wall_ms(),
+            std::sync::atomic::Ordering::Release,
+        );
     }
 
     /// Upkeep of the shards this host owns.

@@ -48,6 +48,8 @@ pub struct App {
     pub engine: Arc<Engine>,
     pub bookings: Arc<Bookings>,
     pub plugins: Arc<PluginRuntime>,
+    /// The clock itself when it is manual (`--clock manual`): `POST /clock` moves it.
+    pub manual_clock: Option<Arc<crate::clock::ManualClock>>,
 }
 
 pub(crate) type Shared = Arc<App>;
@@ -124,6 +126,7 @@ pub fn router(app: Shared) -> Router {
         .merge(timers::routes())
         .merge(queues::routes())
         .route("/metrics", get(ops::metrics))
+        .route("/clock", get(ops::show_clock).post(ops::move_clock))
         .fallback(ops::not_found)
         .layer(middleware::from_fn_with_state(app.clone(), auth::authorize))
         // Health and readiness answer without a token (they reveal nothing), for load

@@ -132,6 +132,89 @@ pub(crate) async fn readyz(State(app): State<Shared>) -> Result<Json<Value>, Api
     ))
 }
 
+/// `GET /clock`: the time the engine goes by, and whether it is manual.
+pub(crate) async fn show_clock(State(app): State<Shared>) -> Json<Value> {
+    let now_ms = app.clock.now_ms();
+    Json(json!({
+        "now": crate::store::rfc3339(now_ms, app.config.timezone),
+        "now_ms": now_ms,
+        "mode": if app.manual_clock.is_some() { "manual" } else { "system" },
+    }))
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ClockBody {
+    advance: Option<Value>,
+    set: Option<String>,
+}
+
+/// Furthest one `POST /clock` moves the clock (ten years).
+const MAX_CLOCK_MOVE_MS: i64 = 3650 * 86_400_000;
+
+/// `POST /clock {"advance": "90m"}` or `{"set": TIME}` (admin scope, `--clock manual`
+/// only): moves the clock ahead, every Plan due on the way firing in order
+/// (`time_travel.rs`), and answers when they have run.
+pub(crate) async fn move_clock(
+    State(app): State<Shared>,
+    body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let body = super::body_bytes(body, app.config.max_body_bytes)?;
+    let Some(clock) = app.manual_clock.clone() else {
+        return Err(ApiError::conflict(
+            "clock_not_manual",
+            "this host runs on the system clock; start it with --clock manual to move time",
+        ));
+    };
+    let body: ClockBody = crate::queues::parse_json(&body)?;
+    let now_ms = app.clock.now_ms();
+    let bad = |message: String| ApiError::bad_request("invalid_clock", message);
+    let to_ms = match (&body.advance, &body.set) {
+        (Some(by), None) => {
+            let by = crate::bookings::request::parse_duration_value("advance", by)?;
+            let by = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
+            if by > MAX_CLOCK_MOVE_MS {
+                return Err(bad("advance must be at most ten years".into()));
+            }
+            now_ms + by
+        }
+        (None, Some(text)) => {
+            let at = crate::bookings::request::parse_time(text, app.config.timezone)
+                .map_err(|e| bad(format!("set: {e}")))?
+                .timestamp_millis();
+            if at < now_ms {
+                return Err(bad(format!(
+                    "set: the clock only moves ahead; `{text}` is before its time, {}",
+                    crate::store::rfc3339(now_ms, app.config.timezone)
+                )));
+            }
+            if at - now_ms > MAX_CLOCK_MOVE_MS {
+                return Err(bad("set must be at most ten years ahead".into()));
+            }
+            at
+        }
+        _ => {
+            return Err(bad(
+                "give one of advance (a duration) and set (a time)".into()
+            ))
+        }
+    };
+    let moved = app.engine.move_clock(&clock, to_ms).await?;
+    tracing::info!(
+        now_ms = moved.now_ms,
+        steps = moved.steps,
+        stalled = moved.stalled,
+        "clock moved"
+    );
+    Ok(Json(json!({
+        "now": crate::store::rfc3339(moved.now_ms, app.config.timezone),
+        "now_ms": moved.now_ms,
+        "steps": moved.steps,
+        "stalled": moved.stalled,
+        "complete": moved.complete,
+    })))
+}
+
 pub(crate) async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::not_found(format!("no route for {method} {}", uri.path()))
 }

@@ -690,6 +690,36 @@ impl Store {
 
     /// Plans waiting in every shard's due sets (queue tasks included), and hosts alive at
     /// `now_ms`.
+    /// The earliest fire time after `after_ms` (None: any) of a Plan not yet finished, in
+    /// every shard: waiting in `due` or `due_tasks`, or held (claimed or running).
+    pub async fn earliest_pending_ms(
+        &self,
+        after_ms: Option<i64>,
+    ) -> redis::RedisResult<Option<i64>> {
+        let min = after_ms.map_or_else(|| "-inf".to_string(), |ms| format!("({ms}"));
+        let firsts = (0..self.shard_count()).map(|shard| {
+            let k = self.shard(shard);
+            let mut conn = self.conn();
+            let min = min.clone();
+            async move {
+                type First = Vec<(String, f64)>;
+                let mut pipe = redis::pipe();
+                for key in [k.due(), k.due_tasks(), k.held()] {
+                    pipe.zrangebyscore_limit_withscores(key, &min, "+inf", 0, 1);
+                }
+                pipe.query_async::<(First, First, First)>(&mut conn).await
+            }
+        });
+        let mut earliest: Option<i64> = None;
+        for (due, tasks, held) in futures_util::future::try_join_all(firsts).await? {
+            for (_, at) in due.into_iter().chain(tasks).chain(held) {
+                let at = at as i64;
+                earliest = Some(earliest.map_or(at, |e| e.min(at)));
+            }
+        }
+        Ok(earliest)
+    }
+
     pub async fn cluster_stats(&self, now_ms: i64) -> redis::RedisResult<ClusterStats> {
         let counts = (0..self.shard_count()).map(|shard| {
             let k = self.shard(shard);
@@ -718,9 +748,11 @@ impl Store {
                 stats.oldest_overdue_ms = stats.oldest_overdue_ms.max(now_ms - *at as i64);
             }
         }
+        // Hosts announce themselves by the machine's clock, which the engine's clock
+        // (`--clock manual`) may be ahead of.
         stats.hosts = redis::cmd("ZCOUNT")
             .arg(self.keys.hosts())
-            .arg(now_ms)
+            .arg(chrono::Utc::now().timestamp_millis())
             .arg("+inf")
             .query_async(&mut self.conn())
             .await?;

@@ -1,0 +1,94 @@
+//! Moving a manual clock ahead (`kairos serve --clock manual`, `POST /clock`): every
+//! Plan due up to the new time fires in order, as if that time had passed. The clock
+//! steps from one pending fire time to the next, and at each waits until what is due
+//! has run and been recorded, so that a timer's next slot, a retry or a callback booked
+//! by a run fires in its turn too (Temporal's time-skipping test server does the same).
+
+use std::time::{Duration, Instant};
+
+use crate::clock::{Clock, ManualClock};
+use crate::error::ApiError;
+use crate::scheduler::Engine;
+
+/// Most steps one move takes (one per distinct fire time).
+const MAX_STEPS: usize = 100_000;
+/// Longest one move runs, in wall time.
+const MAX_WALL: Duration = Duration::from_secs(120);
+/// Longest wait at one step for what is due to be recorded.
+const STEP_PATIENCE: Duration = Duration::from_secs(10);
+const POLL: Duration = Duration::from_millis(2);
+
+/// What a move did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Moved {
+    /// The time the clock shows after it.
+    pub now_ms: i64,
+    /// Fire times it stopped at.
+    pub steps: usize,
+    /// Steps whose Plans were still unfinished after `STEP_PATIENCE` (a run that hangs,
+    /// a resource that waits): the clock went on without them.
+    pub stalled: usize,
+    /// False when `MAX_STEPS` or `MAX_WALL` cut the move short of `to_ms`.
+    pub complete: bool,
+}
+
+impl Engine {
+    /// Moves `clock` ahead to `to_ms` (a time behind it leaves it where it is), stopping at
+    /// every pending fire time on the way.
+    pub async fn move_clock(&self, clock: &ManualClock, to_ms: i64) -> Result<Moved, ApiError> {
+        let began = Instant::now();
+        let mut moved = Moved::default();
+        while moved.steps < MAX_STEPS && began.elapsed() < MAX_WALL {
+            if !self.settle(clock.now_ms()).await? {
+                moved.stalled += 1;
+            }
+            match self.pending_after(clock.now_ms()).await? {
+                Some(next) if next <= to_ms => {
+                    clock.move_to(next);
+                    self.clock_moved();
+                    moved.steps += 1;
+                }
+                _ => {
+                    moved.now_ms = clock.move_to(to_ms);
+                    self.clock_moved();
+                    if !self.settle(moved.now_ms).await? {
+                        moved.stalled += 1;
+                    }
+                    moved.complete = true;
+                    return Ok(moved);
+                }
+            }
+        }
+        moved.now_ms = clock.now_ms();
+        Ok(moved)
+    }
+
+    /// Waits until nothing due by `now_ms` is left unfinished; false after
+    /// `STEP_PATIENCE`.
+    async fn settle(&self, now_ms: i64) -> Result<bool, ApiError> {
+        let deadline = Instant::now() + STEP_PATIENCE;
+        loop {
+            match self
+                .store
+                .earliest_pending_ms(None)
+                .await
+                .map_err(ApiError::from)?
+            {
+                Some(at) if at <= now_ms => {}
+                _ => return Ok(true),
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
+    /// The first pending fire time after `now_ms`, if any.
+    async fn pending_after(&self, now_ms: i64) -> Result<Option<i64>, ApiError> {
+        self.store
+            .earliest_pending_ms(Some(now_ms))
+            .await
+            .map_err(ApiError::from)
+    }
+}
