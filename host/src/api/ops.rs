@@ -9,7 +9,9 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use super::views::Health;
 use super::Shared;
+use crate::error::ErrorBody;
 
 /// `/metrics` alone, without a token, for `--metrics-listen`: scrapers on an internal
 /// address need no API token, and the API need not be reachable from them.
@@ -22,6 +24,12 @@ pub fn metrics_router(app: Shared) -> Router {
 
 /// Prometheus text format: this host's counters, its claimed and running Plans, and the
 /// cluster's due Plans and live hosts read from Redis.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text format.", body = String, content_type = "text/plain"))
+)]
 pub(crate) async fn metrics(State(app): State<Shared>) -> Result<Response, ApiError> {
     let stats = app.store.cluster_stats(app.clock.now_ms()).await?;
     let memory = app.store.memory();
@@ -106,6 +114,16 @@ pub(crate) async fn metrics(State(app): State<Shared>) -> Result<Response, ApiEr
 /// Liveness: fails (503) when this host has not renewed its lease for three lease
 /// periods, i.e. it cannot reach Redis and so cannot work, so that a supervisor restarts
 /// it.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "Alive.", body = Health, example = json!({"status": "ok"})),
+        (status = 503, description = "The host has not renewed its lease for three lease periods: it cannot reach Redis.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn healthz(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
     let stale_ms = app.engine.ms_since_lease_renewed();
     let limit_ms = 3 * app.config.lease_ttl.as_millis() as i64;
@@ -118,6 +136,16 @@ pub(crate) async fn healthz(State(app): State<Shared>) -> Result<Json<Value>, Ap
 }
 
 /// Readiness: Redis answers PING within a second.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "Redis answers.", body = Health, example = json!({"status": "ready", "host_id": "host-a"})),
+        (status = 503, description = "Redis did not answer PING within a second.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn readyz(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
     match tokio::time::timeout(std::time::Duration::from_secs(1), app.store.ping()).await {
         Ok(result) => result?,
