@@ -57,8 +57,8 @@ build_plugins() {
     --manifest-path plugins/Cargo.toml --target-dir target-plugins
 }
 
-# A Python virtual environment for the test tools from PyPI (the cron oracle, and later
-# others), in target/test-venv. Needs python3 with its venv module (Debian: python3-venv).
+# A Python virtual environment for the test tools from PyPI (the cron oracle, the API
+# fuzzer), in target/test-venv. Needs python3 with its venv module (Debian: python3-venv).
 need_test_venv() {
   venv=target/test-venv
   if [ ! -x "$venv/bin/python" ]; then
@@ -71,8 +71,8 @@ need_test_venv() {
       python3 -m venv "$venv" || { echo "python3 cannot make a virtual environment: apt-get install -y python3-venv" >&2; exit 1; }
     fi
   fi
-  # Pinned: the oracle's answers must not move under the test.
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check cronsim==2.8 croniter==7.0.0 || {
-    echo "cannot install cronsim and croniter from PyPI into $venv" >&2; exit 1; }
+  # Pinned: the oracle's answers, and the fuzzer's cases, must not move under the test.
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check cronsim==2.8 croniter==7.0.0 schemathesis==4.32.5 || {
+    echo "cannot install cronsim, croniter and schemathesis from PyPI into $venv" >&2; exit 1; }
   TEST_PYTHON="$venv/bin/python"
 }

@@ -37,11 +37,14 @@ impl ApiError {
 
     /// The spec's error body: `{"error": {"code", "message"}}`, plus `stored` when set.
     pub fn body(&self) -> serde_json::Value {
-        let mut body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
-        if let Some(stored) = self.stored {
-            body["error"]["stored"] = serde_json::json!(stored);
-        }
-        body
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code,
+                message: self.message.clone(),
+                stored: self.stored,
+            },
+        };
+        serde_json::to_value(body).expect("an error body serializes")
     }
 
     pub fn not_found(message: impl Into<String>) -> Self {
@@ -85,6 +88,27 @@ impl ApiError {
         e.stored = Some("unknown");
         e
     }
+}
+
+/// The body of every refusal and failure (SPEC section 2); `GET /openapi.json` describes
+/// it from this type.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+#[schema(example = json!({"error": {"code": "resource_conflict", "message": "resource `conn-42` has another Life within execution_delay_guard_time"}}))]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    /// The reason, in snake_case (`invalid_time`, `resource_conflict`, `not_found`, ...).
+    #[schema(value_type = String, example = "invalid_time")]
+    pub code: &'static str,
+    /// A sentence a person can act on.
+    pub message: String,
+    /// `"unknown"` when a write failed on the way and may or may not have been stored.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<String>, example = "unknown")]
+    pub stored: Option<&'static str>,
 }
 
 impl ApiError {

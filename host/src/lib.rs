@@ -4,7 +4,8 @@
 //!
 //! The components, in the order a booking meets them (see `docs/ARCHITECTURE.md`):
 //! - [`config`]: startup parameters from flags, `KAIROS_*` env vars and a TOML file.
-//! - [`api`]: the REST routes, bearer-token scopes and the error body ([`error`]).
+//! - [`api`]: the REST routes, bearer-token scopes, the error body ([`error`]) and the
+//!   OpenAPI document of the routes (`/openapi.json`).
 //! - [`bookings`]: reading and validating a booking (`bookings::request`) into a
 //!   [`model::NewLife`], and booking as a service shared by the API and plugins'
 //!   follow-ups.

@@ -232,26 +232,45 @@ impl QueueDef {
     }
 }
 
-#[derive(Debug, Deserialize)]
+/// The body of `PUT /queues/{name}`: what it leaves out keeps its default.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct QueueBody {
+#[schema(example = json!({"rate": 10, "bucket_size": 20, "max_concurrent": 5, "retry": {"limit": 5, "min_backoff": "1s", "max_backoff": "1m", "max_doublings": 4}}))]
+pub struct QueueBody {
+    /// Tasks per second across all hosts; 0 for no limit (push queues).
     rate: Option<f64>,
+    /// At least 1 (push queues).
     bucket_size: Option<u32>,
+    /// Tasks running at once across all hosts; 0 for no limit (push queues).
     max_concurrent: Option<u32>,
     retry: Option<RetryBody>,
+    /// `push` (default: the hosts run the tasks' actions) or `pull` (workers lease
+    /// tasks); fixed when the queue is created.
+    #[schema(example = "push")]
     mode: Option<String>,
+    /// Per-key limits apply to tasks grouped by this: a JSON pointer into a task's
+    /// action body (`/customer/id`) or `header:NAME`.
     key: Option<String>,
+    /// Tasks of one key running at once.
     max_concurrent_per_key: Option<u32>,
+    /// Tasks of one key per second.
     rate_per_key: Option<f64>,
 }
 
-#[derive(Debug, Deserialize)]
+/// A queue's retry block (Cloud Tasks' RetryConfig).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RetryBody {
+pub struct RetryBody {
+    /// Retries of a task; -1 for no limit.
+    #[schema(minimum = -1)]
     limit: Option<i64>,
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     age_limit: Option<Value>,
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     min_backoff: Option<Value>,
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     max_backoff: Option<Value>,
+    #[schema(maximum = 30)]
     max_doublings: Option<u32>,
 }
 
@@ -423,15 +442,27 @@ fn is_header_name(name: &str) -> bool {
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
-#[derive(Debug, Deserialize)]
+/// One task of `POST /queues/{name}/tasks`: an action (push queue) or a payload (pull
+/// queue), due at `eta` or after `countdown` (now when neither is given).
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TaskBody {
+#[schema(example = json!({"name": "invoice-42", "countdown": 30, "action": {"path": "/invoices/42/send", "method": "POST"}}))]
+pub struct TaskBody {
+    /// Used once per queue until its tombstone expires (an hour after the task ends).
     name: Option<String>,
+    /// Either time format; a past one means now.
     eta: Option<String>,
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     countdown: Option<Value>,
+    /// A first attempt not started this long after the ETA never starts.
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     expire_after: Option<Value>,
+    #[schema(value_type = Option<crate::bookings::request::RawAction>)]
     action: Option<Value>,
+    /// Pull queues: any JSON for the worker that leases the task.
+    #[schema(value_type = Option<Object>)]
     payload: Option<Value>,
+    /// Pull queues: workers may lease only tasks of one tag.
     tag: Option<String>,
 }
 

@@ -95,30 +95,57 @@ pub(crate) fn preview_count(text: Option<&String>) -> Result<usize, ApiError> {
     }
 }
 
-#[derive(Debug, Clone, Deserialize)]
+/// The body of `POST /timers` (`name`, `schedule` and `action` required) and of
+/// `PATCH /timers/{name}` (any of the fields).
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "name": "nightly-report",
+    "schedule": "02:00 10:00 18:00",
+    "timezone": "Asia/Tokyo",
+    "action": {"path": "/reports", "method": "POST"},
+    "priority": 2,
+    "retries": 3
+}))]
 pub(crate) struct TimerBody {
+    /// 1 to 100 characters; cannot change.
     pub(crate) name: Option<String>,
+    /// Times of day (`"02:00 10:00 18:00"`), a cron expression of 5, 6 or 7 fields, or a
+    /// macro such as `@hourly`.
+    #[schema(example = "*/5 * * * *")]
     pub(crate) schedule: Option<String>,
+    /// An IANA zone; the host's timezone when absent.
+    #[schema(example = "Europe/Paris")]
     pub(crate) timezone: Option<String>,
+    #[schema(value_type = Option<crate::bookings::request::RawAction>)]
     pub(crate) action: Option<Value>,
+    /// 1 (high) to 4 (low).
+    #[schema(minimum = 1, maximum = 4)]
     pub(crate) priority: Option<u8>,
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     pub(crate) timeout: Option<Value>,
     pub(crate) retries: Option<u32>,
     pub(crate) active: Option<bool>,
+    /// PATCH: the next run's time (either time format).
     pub(crate) next_run: Option<String>,
+    /// `skip` (default), `fire_once` or `fire_all`.
     pub(crate) misfire: Option<String>,
     pub(crate) catch_up_limit: Option<u32>,
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     pub(crate) catch_up_window: Option<Value>,
+    /// `skip` (default) or `buffer_one`.
     pub(crate) overlap: Option<String>,
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     pub(crate) starting_deadline: Option<Value>,
+    /// Dates (`YYYY-MM-DD`, in the timer's zone) on which it does not run.
     pub(crate) exclude_dates: Option<Vec<String>>,
+    /// What a fixed time of day does when the clock repeats or skips it.
     pub(crate) dst: Option<DstBody>,
 }
 
 /// `dst: {"repeated": "once"|"twice", "gap": "after_gap"|"skip"}`; a field left out
 /// keeps its value.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DstBody {
     pub(crate) repeated: Option<String>,

@@ -813,3 +813,77 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
         acknowledged.len()
     );
 }
+
+/// Found by the API fuzzer (`scripts/api_fuzz.py`): a body giving one field in both of
+/// its spellings was booked with one of them, silently; which one the client meant is a
+/// guess, so it is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_field_in_both_spellings_is_refused() {
+    let redis = RedisServer::start();
+    let host = Host::start(&redis.url(), &flags(&[]));
+    let api = Api::new(&host);
+    let both = [
+        json!({"birth_time": "2030-01-01 00:00:00", "birth": hook(), "birth_action": hook()}),
+        json!({"birth_time": "2030-01-01 00:00:00", "term": {"birth_time": "2030-01-01 00:00:00"},
+               "birth": hook()}),
+        json!({"schedule_type": "term", "birth_time": "2030-01-01 00:00:00", "birth": hook(),
+               "term": {"death_time": "2030-01-02 00:00:00"}, "death_time": "2030-01-02 00:00:00",
+               "death": hook()}),
+        json!({"schedule_type": "term", "birth_time": "2030-01-01 00:00:00", "birth": hook(),
+               "death_time": "2030-01-02 00:00:00", "death": hook(), "death_action": hook()}),
+    ];
+    for body in &both {
+        let r = api.post("/schedules", body).await;
+        assert_eq!(code(&r), (400, "invalid_body"), "{body}: {}", r.1);
+        assert!(
+            r.1["error"]["message"].as_str().unwrap().contains("both"),
+            "{}",
+            r.1
+        );
+    }
+    let r = api
+        .post("/schedules", &point("one", "2030-01-01 00:00:00"))
+        .await;
+    assert_eq!(r.0, 200, "{}", r.1);
+    let r = api
+        .patch(
+            "/schedules/one",
+            &json!({"birth": hook(), "birth_action": hook()}),
+        )
+        .await;
+    assert_eq!(code(&r), (400, "invalid_body"), "{}", r.1);
+    // Nothing but the one good booking was stored.
+    let (status, list) = api.get("/schedules").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
+}
+
+/// Found by the API fuzzer: query strings are read into typed parameters, so one that does
+/// not parse, or that the route does not take, is a 400 `invalid_query` with the error body.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn query_parameters_that_do_not_parse_are_400() {
+    let redis = RedisServer::start();
+    let host = Host::start(&redis.url(), &flags(&[]));
+    let api = Api::new(&host);
+    for path in [
+        "/schedules?limit=abc",
+        "/schedules?limit=-1",
+        "/schedules?limit=0",
+        "/schedules?state=Sleeping",
+        "/schedules?resource_idd=x",
+        "/schedules?limit=5&limit=6",
+    ] {
+        let r = api.get(path).await;
+        assert_eq!(code(&r), (400, "invalid_query"), "{path}: {}", r.1);
+    }
+    assert_eq!(api.get("/schedules?limit=5&state=Alive").await.0, 200);
+    let r = api
+        .post("/schedules", &point("q1", "2030-01-01 00:00:00"))
+        .await;
+    assert_eq!(r.0, 200, "{}", r.1);
+    let r = api.delete("/schedules/q1?force=maybe").await;
+    assert_eq!(code(&r), (400, "invalid_query"), "{}", r.1);
+    let (status, life) = api.get("/schedules/q1").await;
+    assert_eq!((status, life["state"].as_str()), (200, Some("Inexistent")));
+    assert_eq!(api.delete("/schedules/q1?force=false").await.0, 200);
+}

@@ -760,3 +760,36 @@ async fn per_key_settings_are_checked() {
     let (status, _) = api.get("/queues/q").await;
     assert_eq!(status, 404, "nothing was stored");
 }
+
+/// Found by the API fuzzer (`scripts/api_fuzz.py`): `?limit=abc` and `?state=bogus` on a
+/// queue's task lists were ignored; they are a 400 `invalid_query`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_list_queries_that_do_not_parse_are_400() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, reply) = api
+        .post(
+            "/queues/default/tasks",
+            &json!({"name": "later", "countdown": 3600, "action": hook("later")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    for path in [
+        "/queues/default/tasks?limit=abc",
+        "/queues/default/tasks?state=bogus",
+        "/queues/default/tasks?sort=eta",
+        "/queues/default/failed?limit=1.5",
+    ] {
+        let (status, reply) = api.get(path).await;
+        assert_eq!(status, 400, "{path}: {reply}");
+        assert_eq!(reply["error"]["code"], "invalid_query", "{path}: {reply}");
+    }
+    let (status, reply) = api.get("/queues/default/tasks?limit=1").await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["items"][0]["name"], "later", "{reply}");
+    let (status, reply) = api.get("/queues/default/tasks?state=failed").await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["items"], json!([]));
+}

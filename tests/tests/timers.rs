@@ -1107,3 +1107,35 @@ async fn cancel_running_cuts_off_the_run_when_the_next_slot_comes() {
         "{metrics}"
     );
 }
+
+/// Found by the API fuzzer (`scripts/api_fuzz.py`): `?limit=abc` on a timer's runs was
+/// ignored (the default limit answered); it is a 400 `invalid_query`, as on every list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_queries_that_do_not_parse_are_400() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, reply) = api
+        .post("/timers", &timer("yearly", "0 0 0 1 1 *", "yearly"))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    for path in [
+        "/timers/yearly/runs?limit=abc",
+        "/timers/yearly/runs?limit=-3",
+        "/timers/yearly/runs?count=3",
+        "/timers/yearly?preview=many",
+        "/timers/yearly?preview=101",
+        "/timers/yearly?previews=3",
+    ] {
+        let (status, reply) = api.get(path).await;
+        assert_eq!(status, 400, "{path}: {reply}");
+        assert_eq!(reply["error"]["code"], "invalid_query", "{path}: {reply}");
+    }
+    let (status, reply) = api.get("/timers/yearly/runs?limit=200").await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["items"], json!([]));
+    let (status, reply) = api.get("/timers/yearly?preview=2").await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["preview"].as_array().unwrap().len(), 2, "{reply}");
+}

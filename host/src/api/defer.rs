@@ -10,8 +10,10 @@ use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use serde_json::{json, Value};
 
+use super::views::Deferred;
 use super::{body_bytes, idempotent, App, Shared};
 use crate::bookings::idempotency::Answer;
+use crate::error::ErrorBody;
 
 /// Headers of a deferred request that are not replayed: hop-by-hop headers (RFC 9110
 /// section 7.6.1), what the replay sets itself, credentials meant for kairos, and the
@@ -39,6 +41,25 @@ pub(crate) const NOT_REPLAYED: &[&str] = &[
 /// `X-Xaas-Schedule-Datetime`): books a point Life whose birth replays this request —
 /// method, headers, body — to `{gateway_url}/{path}` at that time. Same validation codes
 /// as `POST /schedules`; answers 202.
+#[utoipa::path(
+    method(get, post, put, patch, delete),
+    path = "/defer/{path}",
+    tag = "defer",
+    params(
+        ("path" = String, Path, description = "The rest of the path (with its query string): the request is replayed to `{gateway_url}/{path}`."),
+        ("X-Kairos-Schedule-Datetime" = String, Header, description = "When to replay it: `YYYY-MM-DD HH:MM:SS` in the host's timezone, or RFC 3339 with an offset (`X-Xaas-Schedule-Datetime` is read too).", example = "2030-12-15 15:05:00"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Repeats of the call with the same key and request get the first answer."),
+    ),
+    request_body(description = "Any body, replayed as it is (UTF-8 text).", content(("application/json"), ("text/plain"))),
+    responses(
+        (status = 202, description = "Booked: a point Life that replays this request.", body = Deferred),
+        (status = 400, description = "No schedule header, a time that does not parse, no gateway_url, a body that is not UTF-8.", body = ErrorBody,
+            example = json!({"error": {"code": "missing_field", "message": "a deferred request needs the X-Kairos-Schedule-Datetime header"}})),
+        (status = 406, description = "A time within execution_guard_time of now.", body = ErrorBody),
+        (status = 409, description = "An Idempotency-Key call is under way.", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used for another request.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn defer_request(
     State(app): State<Shared>,
     method: Method,

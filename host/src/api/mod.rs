@@ -7,11 +7,14 @@
 
 mod auth;
 mod defer;
+mod extractors;
+mod openapi;
 mod ops;
 mod plugins;
 mod queues;
 mod schedules;
 mod timers;
+mod views;
 
 pub(crate) use ops::metrics_router;
 #[cfg(test)]
@@ -25,9 +28,12 @@ use axum::extract::{DefaultBodyLimit, Request};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get};
-use axum::Router;
+use axum::routing::any;
+use axum::{Extension, Router};
 use serde_json::Value;
+use utoipa::OpenApi as _;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
 
 use crate::bookings::idempotency;
 use crate::bookings::request::{self as booking, Rules};
@@ -110,29 +116,40 @@ impl IntoResponse for ApiError {
 pub fn router(app: Shared) -> Router {
     let limit = app.config.max_body_bytes;
     let plugin_limit = app.config.max_plugin_bytes;
-    Router::new()
-        .route(
-            "/schedules",
-            get(schedules::list_schedules).post(schedules::create_schedule),
-        )
-        .route(
-            "/schedules/{life_uuid}",
-            get(schedules::show_schedule)
-                .patch(schedules::patch_schedule)
-                .delete(schedules::cancel_schedule),
-        )
+    // Each `routes!` registers a route and its documentation together, so the document
+    // served at /openapi.json lists exactly the routes served.
+    let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
+        .routes(routes!(
+            schedules::list_schedules,
+            schedules::create_schedule
+        ))
+        .routes(routes!(
+            schedules::show_schedule,
+            schedules::patch_schedule,
+            schedules::cancel_schedule
+        ))
+        // Every method: documented in `openapi::ApiDoc` (a wildcard path is no OpenAPI
+        // path, and `routes!` takes no `any`).
         .route("/defer/{*path}", any(defer::defer_request))
         .merge(plugins::routes(app.config.max_plugin_bytes))
         .merge(timers::routes())
         .merge(queues::routes())
-        .route("/metrics", get(ops::metrics))
-        .route("/clock", get(ops::show_clock).post(ops::move_clock))
+        .routes(routes!(ops::metrics))
+        .routes(routes!(ops::show_clock, ops::move_clock))
+        .routes(routes!(openapi::openapi_json))
         .fallback(ops::not_found)
         .layer(middleware::from_fn_with_state(app.clone(), auth::authorize))
         // Health and readiness answer without a token (they reveal nothing), for load
         // balancers, supervisors and Kubernetes probes.
-        .route("/healthz", get(ops::healthz))
-        .route("/readyz", get(ops::readyz))
+        .routes(routes!(ops::healthz))
+        .routes(routes!(ops::readyz))
+        .split_for_parts();
+    openapi::finish(&mut doc);
+    let doc = openapi::OpenApiJson(Bytes::from(
+        doc.to_json().expect("the OpenAPI document serializes"),
+    ));
+    routes
+        .layer(Extension(doc))
         .layer(DefaultBodyLimit::max(limit))
         // Refusals made by the framework itself (a method a route does not take, a path
         // that does not decode) get the spec's error body like every other.

@@ -9,7 +9,9 @@ use axum::routing::get;
 use axum::{Json, Router};
 use serde_json::{json, Value};
 
+use super::views::Health;
 use super::Shared;
+use crate::error::ErrorBody;
 
 /// `/metrics` alone, without a token, for `--metrics-listen`: scrapers on an internal
 /// address need no API token, and the API need not be reachable from them.
@@ -22,6 +24,12 @@ pub fn metrics_router(app: Shared) -> Router {
 
 /// Prometheus text format: this host's counters, its claimed and running Plans, and the
 /// cluster's due Plans and live hosts read from Redis.
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "operations",
+    responses((status = 200, description = "Prometheus text format.", body = String, content_type = "text/plain"))
+)]
 pub(crate) async fn metrics(State(app): State<Shared>) -> Result<Response, ApiError> {
     let stats = app.store.cluster_stats(app.clock.now_ms()).await?;
     let memory = app.store.memory();
@@ -106,6 +114,16 @@ pub(crate) async fn metrics(State(app): State<Shared>) -> Result<Response, ApiEr
 /// Liveness: fails (503) when this host has not renewed its lease for three lease
 /// periods, i.e. it cannot reach Redis and so cannot work, so that a supervisor restarts
 /// it.
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "Alive.", body = Health, example = json!({"status": "ok"})),
+        (status = 503, description = "The host has not renewed its lease for three lease periods: it cannot reach Redis.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn healthz(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
     let stale_ms = app.engine.ms_since_lease_renewed();
     let limit_ms = 3 * app.config.lease_ttl.as_millis() as i64;
@@ -118,6 +136,16 @@ pub(crate) async fn healthz(State(app): State<Shared>) -> Result<Json<Value>, Ap
 }
 
 /// Readiness: Redis answers PING within a second.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "operations",
+    security(()),
+    responses(
+        (status = 200, description = "Redis answers.", body = Health, example = json!({"status": "ready", "host_id": "host-a"})),
+        (status = 503, description = "Redis did not answer PING within a second.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn readyz(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
     match tokio::time::timeout(std::time::Duration::from_secs(1), app.store.ping()).await {
         Ok(result) => result?,
@@ -133,6 +161,12 @@ pub(crate) async fn readyz(State(app): State<Shared>) -> Result<Json<Value>, Api
 }
 
 /// `GET /clock`: the time the engine goes by, and whether it is manual.
+#[utoipa::path(
+    get,
+    path = "/clock",
+    tag = "operations",
+    responses((status = 200, description = "The engine's time and the clock's mode.", body = super::views::ClockView))
+)]
 pub(crate) async fn show_clock(State(app): State<Shared>) -> Json<Value> {
     let now_ms = app.clock.now_ms();
     Json(json!({
@@ -142,10 +176,15 @@ pub(crate) async fn show_clock(State(app): State<Shared>) -> Json<Value> {
     }))
 }
 
-#[derive(Debug, serde::Deserialize)]
+/// `POST /clock`'s body: one of the two.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ClockBody {
+pub(crate) struct ClockBody {
+    /// How far to move the clock ahead: seconds, or a string such as `"90m"` or `"7d"`.
+    #[schema(value_type = Option<String>, example = "7d")]
     advance: Option<Value>,
+    /// The time to move it to (RFC 3339, or `YYYY-MM-DD HH:MM:SS` in the host's zone); not
+    /// before the clock's time.
     set: Option<String>,
 }
 
@@ -155,6 +194,17 @@ const MAX_CLOCK_MOVE_MS: i64 = 3650 * 86_400_000;
 /// `POST /clock {"advance": "90m"}` or `{"set": TIME}` (admin scope, `--clock manual`
 /// only): moves the clock ahead, every Plan due on the way firing in order
 /// (`time_travel.rs`), and answers when they have run.
+#[utoipa::path(
+    post,
+    path = "/clock",
+    tag = "operations",
+    request_body = ClockBody,
+    responses(
+        (status = 200, description = "Moved; every Plan due on the way has run.", body = super::views::ClockMoved),
+        (status = 400, description = "Neither or both of advance and set, a time behind the clock, more than ten years (`invalid_clock`), a bad duration (`invalid_duration`).", body = ErrorBody),
+        (status = 409, description = "The host runs on the system clock (`clock_not_manual`).", body = ErrorBody),
+    )
+)]
 pub(crate) async fn move_clock(
     State(app): State<Shared>,
     body: Result<axum::body::Bytes, axum::extract::rejection::BytesRejection>,

@@ -15,25 +15,26 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
-use axum::routing::get;
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::{json, Value};
+use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
+use utoipa_axum::routes;
 
+use super::schedules::ForceQuery;
+use super::views::{Deleted, PluginList, PluginView};
 use super::{body_bytes, Shared};
 use crate::config::parse_duration;
-use crate::error::ApiError;
+use crate::error::{ApiError, ErrorBody};
+use crate::plugins::registry::PluginMeta;
 use crate::plugins::registry::{valid_name, DeleteOutcome, UploadLimits};
 use crate::plugins::runtime::MAX_MEMORY_MB;
 
 /// The longest `timeout` a plugin may have.
 pub const MAX_PLUGIN_TIMEOUT: Duration = Duration::from_secs(300);
 
-pub fn routes(max_plugin_bytes: usize) -> Router<Shared> {
-    Router::new().route("/plugins", get(list_plugins)).route(
-        "/plugins/{name}",
-        get(show_plugin)
-            .put(upload_plugin)
-            .delete(delete_plugin)
+pub fn routes(max_plugin_bytes: usize) -> OpenApiRouter<Shared> {
+    OpenApiRouter::new().routes(routes!(list_plugins)).routes(
+        routes!(show_plugin, upload_plugin, delete_plugin)
             .layer(DefaultBodyLimit::max(max_plugin_bytes)),
     )
 }
@@ -112,6 +113,24 @@ fn upload_limits_over(
     Ok(limits)
 }
 
+/// Uploads a new version of a plugin: the component's bytes as the body, its limits as
+/// query parameters (a new version keeps the last one's for what the query leaves out).
+#[utoipa::path(
+    put,
+    path = "/plugins/{name}",
+    tag = "plugins",
+    params(
+        ("name" = String, Path, description = "1 to 64 of a-z, 0-9, - and _, starting with a letter or digit."),
+        ("allowed_hosts" = Option<String>, Query, description = "`host:port,host`: the hosts it may call (none when absent; empty clears)."),
+        ("memory_mb" = Option<u32>, Query, minimum = 1, maximum = 1024, description = "Its memory limit (default plugin_memory_mb)."),
+        ("timeout" = Option<String>, Query, description = "Its wall-time limit, seconds or e.g. `500ms`, at most 5 minutes (default plugin_timeout)."),
+    ),
+    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A WebAssembly component (any content type is read as bytes) built for wasm32-wasip2 against the kairos:plugin/action world."),
+    responses(
+        (status = 201, description = "Stored as a new version.", body = PluginMeta),
+        (status = 400, description = "A bad name or query, or bytes that are not a component of the world (`invalid_plugin`).", body = ErrorBody),
+    )
+)]
 async fn upload_plugin(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -160,11 +179,30 @@ async fn upload_plugin(
     Ok((StatusCode::CREATED, Json(json!(meta))))
 }
 
+/// Every plugin's latest version.
+#[utoipa::path(
+    get,
+    path = "/plugins",
+    tag = "plugins",
+    responses((status = 200, description = "The plugins.", body = PluginList))
+)]
 async fn list_plugins(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
     let plugins = app.plugins.registry().list().await?;
     Ok(Json(json!({ "plugins": plugins })))
 }
 
+/// A plugin's latest version and every version.
+#[utoipa::path(
+    get,
+    path = "/plugins/{name}",
+    tag = "plugins",
+    params(("name" = String, Path, description = "The plugin's name.")),
+    responses(
+        (status = 200, description = "The plugin.", body = PluginView),
+        (status = 400, description = "Not a plugin name.", body = ErrorBody),
+        (status = 404, description = "No such plugin.", body = ErrorBody),
+    )
+)]
 async fn show_plugin(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -179,16 +217,27 @@ async fn show_plugin(
     Ok(Json(view))
 }
 
+/// Deletes a plugin, every version; refused while unfinished Lives or timers use it,
+/// unless `force=true`.
+#[utoipa::path(
+    delete,
+    path = "/plugins/{name}",
+    tag = "plugins",
+    params(("name" = String, Path, description = "The plugin's name."), ForceQuery),
+    responses(
+        (status = 200, description = "Deleted.", body = Deleted),
+        (status = 400, description = "Not a plugin name, or a query that does not parse.", body = ErrorBody),
+        (status = 404, description = "No such plugin.", body = ErrorBody),
+        (status = 409, description = "Unfinished Lives or timers use it (`plugin_in_use`).", body = ErrorBody),
+    )
+)]
 async fn delete_plugin(
     State(app): State<Shared>,
     Path(name): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    super::extractors::Query(query): super::extractors::Query<ForceQuery>,
 ) -> Result<Json<Value>, ApiError> {
     check_name(&name)?;
-    let force = matches!(
-        query.get("force").map(String::as_str),
-        Some("true") | Some("1")
-    );
+    let force = super::extractors::flag("force", query.force.as_deref())?;
     let unfinished = app.store.plugin_users(&name).await?;
     match app
         .plugins

@@ -7,12 +7,21 @@ use crate::model::check_name;
 use crate::store::{self, NewTask, NewTaskWork, TaskAddRefusal};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::{json, Value};
 use std::collections::{BTreeSet, HashMap};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extractors::Query;
+use super::views::{
+    Deleted, LeaseChanged, Leased, Purged, QueueList, QueueView, TaskChanged, TaskList, TaskView,
+    TasksAdded,
+};
+use crate::error::ErrorBody;
+use crate::queues::TaskBody;
 
 use crate::queues::{
     bad, parse_json, parse_task, QueueBody, QueueDef, QueueMode, TaskWork, DEFAULT_QUEUE,
@@ -29,27 +38,21 @@ pub fn is_task_path(path: &str) -> bool {
 }
 
 /// The `/queues` routes.
-pub fn routes() -> Router<Shared> {
-    Router::new()
-        .route("/queues", get(list_queues))
-        .route(
-            "/queues/{name}",
-            get(show_queue).put(put_queue).delete(delete_queue),
-        )
-        .route("/queues/{name}/pause", post(pause_queue))
-        .route("/queues/{name}/resume", post(resume_queue))
-        .route("/queues/{name}/purge", post(purge_queue))
-        .route("/queues/{name}/tasks", get(list_tasks).post(add_tasks))
-        .route("/queues/{name}/failed", get(list_failed))
-        .route(
-            "/queues/{name}/tasks/{task}",
-            get(show_task).delete(delete_task),
-        )
-        .route("/queues/{name}/tasks/{task}/run", post(run_task))
-        .route("/queues/{name}/lease", post(lease_tasks))
-        .route("/queues/{name}/tasks/{task}/ack", post(ack_task))
-        .route("/queues/{name}/tasks/{task}/extend", post(extend_task))
-        .route("/queues/{name}/tasks/{task}/nack", post(nack_task))
+pub fn routes() -> OpenApiRouter<Shared> {
+    OpenApiRouter::new()
+        .routes(routes!(list_queues))
+        .routes(routes!(show_queue, put_queue, delete_queue))
+        .routes(routes!(pause_queue))
+        .routes(routes!(resume_queue))
+        .routes(routes!(purge_queue))
+        .routes(routes!(list_tasks, add_tasks))
+        .routes(routes!(list_failed))
+        .routes(routes!(show_task, delete_task))
+        .routes(routes!(run_task))
+        .routes(routes!(lease_tasks))
+        .routes(routes!(ack_task))
+        .routes(routes!(extend_task))
+        .routes(routes!(nack_task))
 }
 
 pub(crate) fn not_found(name: &str) -> ApiError {
@@ -121,6 +124,19 @@ pub(crate) async fn queue_json(
     Ok(view)
 }
 
+/// Creates or changes a queue (its mode is fixed when created).
+#[utoipa::path(
+    put,
+    path = "/queues/{name}",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name.")),
+    request_body = QueueBody,
+    responses(
+        (status = 200, description = "The queue.", body = QueueView),
+        (status = 400, description = "Not a queue name, or a setting that does not parse (`invalid_queue`).", body = ErrorBody),
+        (status = 409, description = "Its mode cannot change.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn put_queue(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -138,6 +154,17 @@ pub(crate) async fn put_queue(
     Ok(Json(queue_json(&app, &name, &q).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/queues/{name}",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name.")),
+    responses(
+        (status = 200, description = "The queue and its task counts.", body = QueueView),
+        (status = 400, description = "Not a queue name.", body = ErrorBody),
+        (status = 404, description = "No such queue.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn show_queue(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -146,6 +173,12 @@ pub(crate) async fn show_queue(
     Ok(Json(queue_json(&app, &name, &q).await?))
 }
 
+#[utoipa::path(
+    get,
+    path = "/queues",
+    tag = "queues",
+    responses((status = 200, description = "Every queue (`default` always).", body = QueueList))
+)]
 pub(crate) async fn list_queues(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
     load_queue(&app, DEFAULT_QUEUE).await?;
     let mut items = Vec::new();
@@ -157,6 +190,19 @@ pub(crate) async fn list_queues(State(app): State<Shared>) -> Result<Json<Value>
     Ok(Json(json!({"items": items})))
 }
 
+/// Deletes a queue and its tasks (not `default`).
+#[utoipa::path(
+    delete,
+    path = "/queues/{name}",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name.")),
+    responses(
+        (status = 200, description = "Deleted.", body = Deleted),
+        (status = 400, description = "Not a queue name.", body = ErrorBody),
+        (status = 404, description = "No such queue.", body = ErrorBody),
+        (status = 409, description = "The default queue, or tasks still running (`tasks_running`).", body = ErrorBody),
+    )
+)]
 pub(crate) async fn delete_queue(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -204,6 +250,17 @@ pub(crate) async fn set_state(app: &App, name: &str, state: &str) -> Result<Json
     Ok(Json(queue_json(app, name, &q).await?))
 }
 
+#[utoipa::path(
+    post,
+    path = "/queues/{name}/pause",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name.")),
+    responses(
+        (status = 200, description = "Paused: its tasks wait.", body = QueueView),
+        (status = 400, description = "Not a queue name.", body = ErrorBody),
+        (status = 404, description = "No such queue.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn pause_queue(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -211,6 +268,17 @@ pub(crate) async fn pause_queue(
     set_state(&app, &name, "paused").await
 }
 
+#[utoipa::path(
+    post,
+    path = "/queues/{name}/resume",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name.")),
+    responses(
+        (status = 200, description = "Running again.", body = QueueView),
+        (status = 400, description = "Not a queue name.", body = ErrorBody),
+        (status = 404, description = "No such queue.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn resume_queue(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -218,6 +286,18 @@ pub(crate) async fn resume_queue(
     set_state(&app, &name, "running").await
 }
 
+/// Removes every task of a queue but those running.
+#[utoipa::path(
+    post,
+    path = "/queues/{name}/purge",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name.")),
+    responses(
+        (status = 200, description = "Purged.", body = Purged),
+        (status = 400, description = "Not a queue name.", body = ErrorBody),
+        (status = 404, description = "No such queue.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn purge_queue(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -232,6 +312,23 @@ pub(crate) async fn purge_queue(
     ))
 }
 
+/// Adds one task, or a list of at most 100 (all or none).
+#[utoipa::path(
+    post,
+    path = "/queues/{name}/tasks",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name."), ("Idempotency-Key" = Option<String>, Header, description = "Repeats of the call with the same key and body get the first answer.")),
+    request_body(description = "One task, a list of tasks, or `{\"tasks\": [...]}`.", content(
+        (TaskBody = "application/json", example = json!({"name": "invoice-42", "countdown": 30, "action": {"path": "/invoices/42/send", "method": "POST"}}))
+    )),
+    responses(
+        (status = 200, description = "Added: the task, or `{tasks: [...]}` for a list.", body = TasksAdded),
+        (status = 400, description = "A task that does not parse, an action for a pull queue or a payload for a push queue.", body = ErrorBody),
+        (status = 404, description = "No such queue.", body = ErrorBody),
+        (status = 409, description = "A task name in use or recently used (`duplicate_task`).", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used for another request.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn add_tasks(
     State(app): State<Shared>,
     Path(queue): Path<String>,
@@ -421,14 +518,10 @@ pub(crate) async fn list_of(
     app: &App,
     queue: &str,
     failed: bool,
-    query: &HashMap<String, String>,
+    limit: Option<u32>,
 ) -> Result<Json<Value>, ApiError> {
     load_queue(app, queue).await?;
-    let limit = query
-        .get("limit")
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(100usize)
-        .clamp(1, 1000);
+    let limit = (limit.unwrap_or(100) as usize).clamp(1, 1000);
     let items: Vec<Value> = app
         .store
         .task_list(queue, failed, limit)
@@ -440,23 +533,89 @@ pub(crate) async fn list_of(
     Ok(Json(json!({"queue": queue, "items": items})))
 }
 
+/// `?state=&limit=` of a queue's task list.
+#[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct TaskListQuery {
+    /// `failed`: the failed list; `pending` (default): the tasks waiting or running.
+    #[param(inline, value_type = Option<TaskListState>)]
+    state: Option<String>,
+    /// At most this many, 1 to 1000 (default 100).
+    #[param(minimum = 0)]
+    limit: Option<u32>,
+}
+
+/// Which of a queue's lists.
+#[derive(utoipa::ToSchema)]
+#[schema(rename_all = "lowercase")]
+#[allow(dead_code)]
+pub(crate) enum TaskListState {
+    Pending,
+    Failed,
+}
+
+/// A queue's tasks, waiting or running, by ETA.
+#[utoipa::path(
+    get,
+    path = "/queues/{name}/tasks",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name."), TaskListQuery),
+    responses(
+        (status = 200, description = "Its tasks.", body = TaskList),
+        (status = 400, description = "Not a queue name, or a query that does not parse.", body = ErrorBody),
+        (status = 404, description = "No such queue.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn list_tasks(
     State(app): State<Shared>,
     Path(queue): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Query(query): Query<TaskListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let failed = query.get("state").map(String::as_str) == Some("failed");
-    list_of(&app, &queue, failed, &query).await
+    let failed = match query.state.as_deref() {
+        None | Some("pending") => false,
+        Some("failed") => true,
+        Some(other) => {
+            return Err(bad(
+                "invalid_query",
+                format!("state `{other}` is not pending or failed"),
+            ))
+        }
+    };
+    list_of(&app, &queue, failed, query.limit).await
 }
 
+/// A queue's failed list: tasks that ran out of retries (or expired).
+#[utoipa::path(
+    get,
+    path = "/queues/{name}/failed",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name."), super::timers::LimitQuery),
+    responses(
+        (status = 200, description = "Its failed tasks.", body = TaskList),
+        (status = 400, description = "Not a queue name, or a limit that is not a number.", body = ErrorBody),
+        (status = 404, description = "No such queue.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn list_failed(
     State(app): State<Shared>,
     Path(queue): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Query(query): Query<super::timers::LimitQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    list_of(&app, &queue, true, &query).await
+    list_of(&app, &queue, true, query.limit).await
 }
 
+#[utoipa::path(
+    get,
+    path = "/queues/{name}/tasks/{task}",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name."), ("task" = String, Path, description = "The task's name.")),
+    responses(
+        (status = 200, description = "The task.", body = TaskView),
+        (status = 400, description = "Not a queue or task name.", body = ErrorBody),
+        (status = 404, description = "No such task.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn show_task(
     State(app): State<Shared>,
     Path((queue, task)): Path<(String, String)>,
@@ -509,6 +668,18 @@ pub(crate) async fn change_task(
     }
 }
 
+#[utoipa::path(
+    delete,
+    path = "/queues/{name}/tasks/{task}",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name."), ("task" = String, Path, description = "The task's name.")),
+    responses(
+        (status = 200, description = "Deleted (its name stays taken for an hour).", body = TaskChanged),
+        (status = 400, description = "Not a queue or task name.", body = ErrorBody),
+        (status = 404, description = "No such task.", body = ErrorBody),
+        (status = 409, description = "It is running now (`task_running`).", body = ErrorBody),
+    )
+)]
 pub(crate) async fn delete_task(
     State(app): State<Shared>,
     Path((queue, task)): Path<(String, String)>,
@@ -516,6 +687,19 @@ pub(crate) async fn delete_task(
     change_task(&app, &queue, &task, "delete").await
 }
 
+/// Runs a task now: a waiting one, or a failed one again.
+#[utoipa::path(
+    post,
+    path = "/queues/{name}/tasks/{task}/run",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name."), ("task" = String, Path, description = "The task's name.")),
+    responses(
+        (status = 200, description = "Due now.", body = TaskChanged),
+        (status = 400, description = "Not a queue or task name.", body = ErrorBody),
+        (status = 404, description = "No such task.", body = ErrorBody),
+        (status = 409, description = "It is running now (`task_running`).", body = ErrorBody),
+    )
+)]
 pub(crate) async fn run_task(
     State(app): State<Shared>,
     Path((queue, task)): Path<(String, String)>,
@@ -537,20 +721,27 @@ mod tests {
 }
 
 /// `POST /queues/{name}/lease` of a pull queue: `{count?, lease_seconds?, tag?}`.
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct LeaseBody {
+pub(crate) struct LeaseBody {
+    /// How many due tasks to lease, 1 to 1000 (default 1).
+    #[schema(minimum = 1, maximum = 1000)]
     count: Option<u64>,
+    /// The lease's length (default 60 s, at most a week).
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     lease_seconds: Option<Value>,
+    /// Lease only tasks of this tag.
     tag: Option<String>,
 }
 
 /// `{lease_id, lease_seconds?}` of ack, extend and nack (`lease_seconds`: how long the
 /// lease lasts from now (extend), or how long until the task is due again (nack)).
-#[derive(Debug, serde::Deserialize)]
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct LeaseAnswer {
+pub(crate) struct LeaseAnswer {
+    /// The `lease_id` the lease call gave.
     lease_id: String,
+    #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     lease_seconds: Option<Value>,
 }
 
@@ -579,6 +770,19 @@ fn lease_ms(value: Option<&Value>, default_ms: i64, zero_ok: bool) -> Result<i64
     Ok(ms as i64)
 }
 
+/// A pull queue's worker leases due tasks.
+#[utoipa::path(
+    post,
+    path = "/queues/{name}/lease",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name.")),
+    request_body(content = LeaseBody, description = "May be empty: one task for 60 s.", example = json!({"count": 10, "lease_seconds": 60})),
+    responses(
+        (status = 200, description = "The leased tasks (none when none is due).", body = Leased),
+        (status = 400, description = "A field that does not parse, or a push queue.", body = ErrorBody),
+        (status = 404, description = "No such queue.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn lease_tasks(
     State(app): State<Shared>,
     Path(queue): Path<String>,
@@ -693,6 +897,19 @@ async fn answer_lease(
     }
 }
 
+#[utoipa::path(
+    post,
+    path = "/queues/{name}/tasks/{task}/ack",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name."), ("task" = String, Path, description = "The task's name.")),
+    request_body(content = LeaseAnswer, example = json!({"lease_id": "7d1c2b0e9f8a4c3b"})),
+    responses(
+        (status = 200, description = "Done: the task is deleted.", body = LeaseChanged),
+        (status = 400, description = "A field that does not parse, or a push task.", body = ErrorBody),
+        (status = 404, description = "No such task.", body = ErrorBody),
+        (status = 409, description = "Not under this lease any more (`lease_lost`).", body = ErrorBody),
+    )
+)]
 pub(crate) async fn ack_task(
     State(app): State<Shared>,
     Path((queue, task)): Path<(String, String)>,
@@ -701,6 +918,19 @@ pub(crate) async fn ack_task(
     answer_lease(&app, &queue, &task, "ack", body).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/queues/{name}/tasks/{task}/extend",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name."), ("task" = String, Path, description = "The task's name.")),
+    request_body(content = LeaseAnswer, example = json!({"lease_id": "7d1c2b0e9f8a4c3b"})),
+    responses(
+        (status = 200, description = "The lease lasts `lease_seconds` (default 60) from now.", body = LeaseChanged),
+        (status = 400, description = "A field that does not parse, or a push task.", body = ErrorBody),
+        (status = 404, description = "No such task.", body = ErrorBody),
+        (status = 409, description = "Not under this lease any more (`lease_lost`).", body = ErrorBody),
+    )
+)]
 pub(crate) async fn extend_task(
     State(app): State<Shared>,
     Path((queue, task)): Path<(String, String)>,
@@ -709,6 +939,19 @@ pub(crate) async fn extend_task(
     answer_lease(&app, &queue, &task, "extend", body).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/queues/{name}/tasks/{task}/nack",
+    tag = "queues",
+    params(("name" = String, Path, description = "The queue's name."), ("task" = String, Path, description = "The task's name.")),
+    request_body(content = LeaseAnswer, example = json!({"lease_id": "7d1c2b0e9f8a4c3b"})),
+    responses(
+        (status = 200, description = "Given back: due again after `lease_seconds` (default now).", body = LeaseChanged),
+        (status = 400, description = "A field that does not parse, or a push task.", body = ErrorBody),
+        (status = 404, description = "No such task.", body = ErrorBody),
+        (status = 409, description = "Not under this lease any more (`lease_lost`).", body = ErrorBody),
+    )
+)]
 pub(crate) async fn nack_task(
     State(app): State<Shared>,
     Path((queue, task)): Path<(String, String)>,

@@ -5,15 +5,36 @@ use crate::error::ApiError;
 use crate::store::{self, ListFilter};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::Json;
+use serde::Deserialize;
 use serde_json::{json, Value};
-use std::collections::HashMap;
 
+use super::extractors::{flag, Query};
+use super::views::{Booked, Cancelled, LifePage, LifeView};
 use super::{body_bytes, idempotent, App, Shared};
 use crate::bookings::idempotency::Answer;
+use crate::error::ErrorBody;
 use axum::http::{HeaderMap, StatusCode};
 
+/// Books a Life: a point Life (one action at `birth_time`) or a term Life (a birth and a
+/// death action). Checked in the order of the spec's validation table.
+#[utoipa::path(
+    post,
+    path = "/schedules",
+    tag = "schedules",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeats of the call with the same key and body get the first answer (24 h).")),
+    request_body(content = BookingRequest, description = "The booking; the field names are those of the Qmonus Schedule service."),
+    responses(
+        (status = 200, description = "Booked.", body = Booked),
+        (status = 400, description = "Not JSON of the right shape, a time that does not parse, a missing field, an unknown field or plugin, a field in both spellings, birth not before death, a term shorter than minimum_life_term.", body = ErrorBody,
+            example = json!({"error": {"code": "unknown_field", "message": "the body has an unknown field `resource_idd`"}})),
+        (status = 406, description = "A time within execution_guard_time of now.", body = ErrorBody,
+            example = json!({"error": {"code": "too_soon", "message": "birth_time must be more than execution_guard_time (30 s) from now"}})),
+        (status = 409, description = "Another Life of the resource overlaps (`resource_conflict`), the life_uuid is taken, or an Idempotency-Key call is under way.", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used for another request.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn create_schedule(
     State(app): State<Shared>,
     headers: HeaderMap,
@@ -57,52 +78,99 @@ pub(crate) fn parse_query_time(name: &str, text: &str, app: &App) -> Result<i64,
         .map_err(|e| ApiError::bad_request("invalid_query", format!("{name}: {e}")))
 }
 
+/// The filters of `GET /schedules`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ListQuery {
+    /// Only Lives in this state.
+    #[param(inline, value_type = Option<LifeStateName>)]
+    state: Option<String>,
+    /// Only this resource's Lives.
+    resource_id: Option<String>,
+    /// Births from this time on (epoch ms, or either time format).
+    from: Option<String>,
+    /// Births up to this time.
+    to: Option<String>,
+    /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the page before.
+    cursor: Option<String>,
+}
+
+/// The Life states a list can be filtered by.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+pub(crate) enum LifeStateName {
+    Inexistent,
+    Alive,
+    Dead,
+    Stillbirth,
+    Invalidated,
+}
+
+/// Lists Lives by birth time, a page at a time.
+#[utoipa::path(
+    get,
+    path = "/schedules",
+    tag = "schedules",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page of Lives.", body = LifePage),
+        (status = 400, description = "A filter that does not parse or that the route does not take (`invalid_query`).", body = ErrorBody,
+            example = json!({"error": {"code": "invalid_query", "message": "limit must be 1 to 1000"}})),
+    )
+)]
 pub(crate) async fn list_schedules(
     State(app): State<Shared>,
-    Query(query): Query<HashMap<String, String>>,
+    Query(query): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let mut filter = ListFilter {
         limit: 100,
         ..Default::default()
     };
-    for (name, value) in &query {
-        match name.as_str() {
-            "state" => {
-                value.parse::<crate::model::LifeState>().map_err(|_| {
-                    ApiError::bad_request(
-                        "invalid_query",
-                        format!("state `{value}` is not one of Inexistent, Alive, Dead, Stillbirth, Invalidated"),
-                    )
-                })?;
-                filter.state = Some(value.clone());
-            }
-            "resource_id" => filter.resource_id = Some(value.clone()),
-            "from" => filter.from_ms = Some(parse_query_time("from", value, &app)?),
-            "to" => filter.to_ms = Some(parse_query_time("to", value, &app)?),
-            "limit" => {
-                filter.limit = value
-                    .parse()
-                    .ok()
-                    .filter(|l| (1..=1000).contains(l))
-                    .ok_or_else(|| {
-                        ApiError::bad_request("invalid_query", "limit must be 1 to 1000")
-                    })?
-            }
-            "cursor" => filter.cursor = Some(value.clone()),
-            other => {
-                return Err(ApiError::bad_request(
-                    "invalid_query",
-                    format!(
-                        "unknown filter `{other}` (state, resource_id, from, to, limit, cursor)"
-                    ),
-                ))
-            }
-        }
+    if let Some(state) = query.state {
+        state.parse::<crate::model::LifeState>().map_err(|_| {
+            ApiError::bad_request(
+                "invalid_query",
+                format!("state `{state}` is not one of Inexistent, Alive, Dead, Stillbirth, Invalidated"),
+            )
+        })?;
+        filter.state = Some(state);
     }
+    filter.resource_id = query.resource_id;
+    if let Some(from) = &query.from {
+        filter.from_ms = Some(parse_query_time("from", from, &app)?);
+    }
+    if let Some(to) = &query.to {
+        filter.to_ms = Some(parse_query_time("to", to, &app)?);
+    }
+    if let Some(limit) = query.limit {
+        if !(1..=1000).contains(&limit) {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                "limit must be 1 to 1000",
+            ));
+        }
+        filter.limit = limit as usize;
+    }
+    filter.cursor = query.cursor;
     let (items, next_cursor) = app.store.list(&filter).await?;
     Ok(Json(json!({"items": items, "next_cursor": next_cursor})))
 }
 
+/// A Life: its Plans (state, attempts, last error, next attempt) and its recent history.
+#[utoipa::path(
+    get,
+    path = "/schedules/{life_uuid}",
+    tag = "schedules",
+    params(("life_uuid" = String, Path, description = "The Life's id.")),
+    responses(
+        (status = 200, description = "The Life.", body = LifeView),
+        (status = 404, description = "No such Life.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn show_schedule(
     State(app): State<Shared>,
     Path(life_uuid): Path<String>,
@@ -113,6 +181,22 @@ pub(crate) async fn show_schedule(
     }
 }
 
+/// Moves times or changes actions of Plans still Standby; validated as a booking.
+#[utoipa::path(
+    patch,
+    path = "/schedules/{life_uuid}",
+    tag = "schedules",
+    params(("life_uuid" = String, Path, description = "The Life's id.")),
+    request_body(content = BookingRequest, description = "The fields to change.",
+        example = json!({"term": {"death_time": "2026-12-15 15:30:00"}})),
+    responses(
+        (status = 200, description = "The Life as changed.", body = LifeView),
+        (status = 400, description = "As for a booking.", body = ErrorBody),
+        (status = 404, description = "No such Life.", body = ErrorBody),
+        (status = 406, description = "A time moved within execution_guard_time of now.", body = ErrorBody),
+        (status = 409, description = "The Life is finished, a Plan to change has started, the resource overlaps another Life, or the Life kept changing.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn patch_schedule(
     State(app): State<Shared>,
     Path(life_uuid): Path<String>,
@@ -167,15 +251,36 @@ pub(crate) async fn patch_schedule(
     ))
 }
 
+/// `?force=` of a DELETE.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct ForceQuery {
+    /// `true`: end it without running anything more (a Life: not even its death).
+    #[param(value_type = Option<bool>)]
+    pub(crate) force: Option<String>,
+}
+
+/// Cancels a Life: before birth it becomes Stillbirth and nothing runs; a term Life that
+/// is Alive has its death run now.
+#[utoipa::path(
+    delete,
+    path = "/schedules/{life_uuid}",
+    tag = "schedules",
+    params(("life_uuid" = String, Path, description = "The Life's id."), ForceQuery),
+    responses(
+        (status = 200, description = "Cancelled.", body = Cancelled),
+        (status = 400, description = "A query parameter that does not parse.", body = ErrorBody),
+        (status = 404, description = "No such Life.", body = ErrorBody),
+        (status = 409, description = "One of its actions is running (`plan_running`): try again when it returns.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn cancel_schedule(
     State(app): State<Shared>,
     Path(life_uuid): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Query(query): Query<ForceQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let force = matches!(
-        query.get("force").map(String::as_str),
-        Some("true") | Some("1")
-    );
+    let force = flag("force", query.force.as_deref())?;
     let state = app.bookings.cancel(&life_uuid, force).await?;
     Ok(Json(json!({"life_uuid": life_uuid, "state": state})))
 }

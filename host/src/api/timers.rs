@@ -8,14 +8,19 @@ use crate::schedule::{Checked, Schedule};
 use crate::store::{self, NextRun, TimerPut};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use chrono_tz::Tz;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+use super::extractors::Query;
+use super::views::{Deleted, ScheduleCheck, TimerList, TimerRunNow, TimerRuns, TimerView};
+use crate::error::ErrorBody;
 
 use crate::model::check_name;
 use crate::timers::{
@@ -24,31 +29,43 @@ use crate::timers::{
 };
 
 /// The `/timers` routes.
-pub fn routes() -> Router<Shared> {
-    Router::new()
-        .route("/timers", get(list_timers).post(create_timer))
-        .route(
-            "/timers/{name}",
-            get(show_timer).patch(patch_timer).delete(delete_timer),
-        )
-        .route("/timers/{name}/run", post(run_timer))
-        .route("/timers/{name}/activate", post(activate_timer))
-        .route("/timers/{name}/deactivate", post(deactivate_timer))
-        .route("/timers/{name}/runs", get(timer_runs))
-        .route("/timers/validate", post(validate_schedule))
+pub fn routes() -> OpenApiRouter<Shared> {
+    OpenApiRouter::new()
+        .routes(routes!(list_timers, create_timer))
+        .routes(routes!(show_timer, patch_timer, delete_timer))
+        .routes(routes!(run_timer))
+        .routes(routes!(activate_timer))
+        .routes(routes!(deactivate_timer))
+        .routes(routes!(timer_runs))
+        .routes(routes!(validate_schedule))
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /timers/validate`: a schedule to check, and how many of its next runs to show.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({"schedule": "0 9 * * 1-5", "timezone": "America/New_York", "preview": 3}))]
 pub(crate) struct ValidateBody {
     schedule: String,
     timezone: Option<String>,
+    /// The instant the preview starts from (now when absent).
     from: Option<String>,
+    /// 0 to 100.
+    #[schema(maximum = 100)]
     preview: Option<usize>,
 }
 
 /// `POST /timers/validate {schedule, timezone, from?, preview?}`: what a timer with this
 /// schedule would do, without creating one.
+#[utoipa::path(
+    post,
+    path = "/timers/validate",
+    tag = "timers",
+    request_body = ValidateBody,
+    responses(
+        (status = 200, description = "The schedule in plain English and its next runs.", body = ScheduleCheck),
+        (status = 400, description = "A schedule or zone that does not parse (`invalid_schedule`, `invalid_timezone`).", body = ErrorBody),
+    )
+)]
 pub(crate) async fn validate_schedule(
     State(app): State<Shared>,
     body: Result<Bytes, BytesRejection>,
@@ -105,6 +122,20 @@ pub(crate) fn not_found(name: &str) -> ApiError {
     ApiError::not_found(format!("no timer `{name}`"))
 }
 
+/// Creates a recurring timer.
+#[utoipa::path(
+    post,
+    path = "/timers",
+    tag = "timers",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeats of the call with the same key and body get the first answer.")),
+    request_body(content = TimerBody, description = "`name`, `schedule` and `action` are required."),
+    responses(
+        (status = 200, description = "Created.", body = TimerView),
+        (status = 400, description = "A missing field, a schedule, zone or action that does not parse.", body = ErrorBody),
+        (status = 409, description = "A timer of that name exists (`duplicate_timer`).", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used for another request.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn create_timer(
     State(app): State<Shared>,
     headers: HeaderMap,
@@ -282,6 +313,20 @@ pub(crate) async fn update(
     ))
 }
 
+/// Changes a timer; `next_run` moves its next run.
+#[utoipa::path(
+    patch,
+    path = "/timers/{name}",
+    tag = "timers",
+    params(("name" = String, Path, description = "The timer's name.")),
+    request_body(content = TimerBody, description = "The fields to change.", example = json!({"schedule": "0 3 * * *", "active": true})),
+    responses(
+        (status = 200, description = "The timer as changed.", body = TimerView),
+        (status = 400, description = "A field that does not parse, or another name.", body = ErrorBody),
+        (status = 404, description = "No such timer.", body = ErrorBody),
+        (status = 409, description = "It kept changing meanwhile.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn patch_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -303,6 +348,18 @@ pub(crate) async fn set_active(
     update(app, name, body).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/timers/{name}/activate",
+    tag = "timers",
+    params(("name" = String, Path, description = "The timer's name.")),
+    responses(
+        (status = 200, description = "Active: its next run is scheduled.", body = TimerView),
+        (status = 400, description = "Not a timer name.", body = ErrorBody),
+        (status = 404, description = "No such timer.", body = ErrorBody),
+        (status = 409, description = "It kept changing meanwhile.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn activate_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -310,6 +367,18 @@ pub(crate) async fn activate_timer(
     set_active(&app, &name, true).await
 }
 
+#[utoipa::path(
+    post,
+    path = "/timers/{name}/deactivate",
+    tag = "timers",
+    params(("name" = String, Path, description = "The timer's name.")),
+    responses(
+        (status = 200, description = "Inactive: it runs no more until activated.", body = TimerView),
+        (status = 400, description = "Not a timer name.", body = ErrorBody),
+        (status = 404, description = "No such timer.", body = ErrorBody),
+        (status = 409, description = "It kept changing meanwhile.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn deactivate_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -317,6 +386,19 @@ pub(crate) async fn deactivate_timer(
     set_active(&app, &name, false).await
 }
 
+/// Runs a timer now (once), besides its schedule.
+#[utoipa::path(
+    post,
+    path = "/timers/{name}/run",
+    tag = "timers",
+    params(("name" = String, Path, description = "The timer's name.")),
+    responses(
+        (status = 200, description = "Due now.", body = TimerRunNow),
+        (status = 400, description = "Not a timer name.", body = ErrorBody),
+        (status = 404, description = "No such timer.", body = ErrorBody),
+        (status = 409, description = "It is running now (`timer_running`).", body = ErrorBody),
+    )
+)]
 pub(crate) async fn run_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -341,6 +423,17 @@ pub(crate) async fn run_timer(
     }
 }
 
+#[utoipa::path(
+    delete,
+    path = "/timers/{name}",
+    tag = "timers",
+    params(("name" = String, Path, description = "The timer's name.")),
+    responses(
+        (status = 200, description = "Deleted.", body = Deleted),
+        (status = 400, description = "Not a timer name.", body = ErrorBody),
+        (status = 404, description = "No such timer.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn delete_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
@@ -353,15 +446,40 @@ pub(crate) async fn delete_timer(
     }
 }
 
+/// `?preview=N&from=T` of `GET /timers/{name}`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct PreviewQuery {
+    /// How many next runs to show, 0 to 100.
+    #[param(value_type = Option<u32>, maximum = 100)]
+    preview: Option<String>,
+    /// Show the runs from this time on, whatever the timer's state (either time format).
+    from: Option<String>,
+}
+
+/// A timer, its schedule in plain English, and its next runs.
+#[utoipa::path(
+    get,
+    path = "/timers/{name}",
+    tag = "timers",
+    params(("name" = String, Path, description = "The timer's name."), PreviewQuery),
+    responses(
+        (status = 200, description = "The timer.", body = TimerView),
+        (status = 400, description = "Not a timer name, or a query that does not parse.", body = ErrorBody),
+        (status = 404, description = "No such timer.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn show_timer(
     State(app): State<Shared>,
     Path(name): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Query(query): Query<PreviewQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let preview = preview_count(query.get("preview"))?;
+    let preview = preview_count(query.preview.as_ref())?;
     let from = query
-        .get("from")
-        .map(|_| preview_from(&app, query.get("from")))
+        .from
+        .as_ref()
+        .map(|from| preview_from(&app, Some(from)))
         .transpose()?;
     check_name("timer name", &name, 100)?;
     let Some((hash, plan)) = app.store.timer_load(&name).await? else {
@@ -378,6 +496,12 @@ pub(crate) async fn show_timer(
     )))
 }
 
+#[utoipa::path(
+    get,
+    path = "/timers",
+    tag = "timers",
+    responses((status = 200, description = "Every timer.", body = TimerList))
+)]
 pub(crate) async fn list_timers(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
     let now_ms = app.clock.now_ms();
     let items: Vec<Value> = app
@@ -390,17 +514,35 @@ pub(crate) async fn list_timers(State(app): State<Shared>) -> Result<Json<Value>
     Ok(Json(json!({"items": items})))
 }
 
+/// `?limit=N` of a list.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct LimitQuery {
+    /// How many, newest first (at most as many as are kept).
+    #[param(minimum = 0)]
+    pub(crate) limit: Option<u32>,
+}
+
+/// A timer's recent runs: should-have-run-at, started-at, duration, host, outcome.
+#[utoipa::path(
+    get,
+    path = "/timers/{name}/runs",
+    tag = "timers",
+    params(("name" = String, Path, description = "The timer's name."), LimitQuery),
+    responses(
+        (status = 200, description = "Its runs, newest first.", body = TimerRuns),
+        (status = 400, description = "Not a timer name, or a limit that is not a number.", body = ErrorBody),
+        (status = 404, description = "No such timer.", body = ErrorBody),
+    )
+)]
 pub(crate) async fn timer_runs(
     State(app): State<Shared>,
     Path(name): Path<String>,
-    Query(query): Query<HashMap<String, String>>,
+    Query(query): Query<LimitQuery>,
 ) -> Result<Json<Value>, ApiError> {
     check_name("timer name", &name, 100)?;
-    let limit = query
-        .get("limit")
-        .and_then(|l| l.parse().ok())
-        .unwrap_or(50usize)
-        .clamp(1, store::TIMER_RUNS_KEPT);
+    let limit = (query.limit.unwrap_or(50) as usize).clamp(1, store::TIMER_RUNS_KEPT);
     if app.store.timer_load(&name).await?.is_none() {
         return Err(not_found(&name));
     }

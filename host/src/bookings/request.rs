@@ -33,39 +33,109 @@ pub struct Rules<'a> {
     pub placement: crate::store::Placement,
 }
 
-#[derive(Debug, Default, Deserialize)]
+/// `term` of a booking: its two times (or give them flat, not both).
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct TermTimes {
+pub struct TermTimes {
+    /// `YYYY-MM-DD HH:MM:SS` in the host's timezone, or RFC 3339 with an offset.
+    #[schema(example = "2026-12-15 15:05:00")]
     birth_time: Option<String>,
+    #[schema(example = "2026-12-15 15:08:00")]
     death_time: Option<String>,
 }
 
-/// The body of `POST /schedules` and `PATCH /schedules/{id}`, in both spellings. An
-/// unknown field is refused: a typo such as `resource_idd` must never book a Life
-/// without its conflict guard.
-#[derive(Debug, Default, Deserialize)]
+/// The body of `POST /schedules` and `PATCH /schedules/{id}`, in both spellings (times in
+/// `term` or flat, actions as `birth`/`death` or `birth_action`/`death_action`; giving
+/// one field in both spellings is refused). An unknown field is refused: a typo such as
+/// `resource_idd` must never book a Life without its conflict guard.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
+#[schema(example = json!({
+    "life_uuid": "6f69aeb63e9b11eb93a8acde48001122",
+    "schedule_type": "term",
+    "resource_id": "conn-42",
+    "term":  {"birth_time": "2026-12-15 15:05:00", "death_time": "2026-12-15 15:08:00"},
+    "birth": {"path": "/tasks", "method": "POST", "body": {"id": "a0", "method": "activate"}},
+    "death": {"path": "/tasks", "method": "POST", "body": {"id": "a0", "method": "deactivate"}}
+}))]
 pub struct BookingRequest {
+    /// 1 to 64 letters, digits, `-` or `_`; generated (32 hex characters) when absent.
+    #[schema(example = "6f69aeb63e9b11eb93a8acde48001122")]
     life_uuid: Option<String>,
+    /// `point` (one action) or `term` (a birth and a death); `term` when a death time is
+    /// given, else `point`.
+    #[schema(example = "term")]
     schedule_type: Option<String>,
+    /// Lives of one resource never overlap (409) and never run at once.
+    #[schema(example = "conn-42")]
     resource_id: Option<String>,
     term: Option<TermTimes>,
+    /// `YYYY-MM-DD HH:MM:SS` in the host's timezone, or RFC 3339 with an offset.
+    #[schema(example = "2026-12-15 15:05:00")]
     birth_time: Option<String>,
+    /// A term's end, written as `birth_time`.
+    #[schema(example = "2026-12-15 15:08:00")]
     death_time: Option<String>,
+    /// The birth action (also spelled `birth_action`).
+    #[schema(value_type = Option<RawAction>)]
     birth: Option<Value>,
+    /// A term's death action (also spelled `death_action`).
+    #[schema(value_type = Option<RawAction>)]
     death: Option<Value>,
+    #[schema(value_type = Option<RawAction>)]
     birth_action: Option<Value>,
+    #[schema(value_type = Option<RawAction>)]
     death_action: Option<Value>,
+    /// Point bookings only: bookings under one key within `period` make one Life.
+    #[schema(value_type = Option<DebounceBody>)]
     debounce: Option<Value>,
 }
 
 /// `debounce` of a point booking, as written.
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct DebounceBody {
+pub struct DebounceBody {
+    /// 1 to 256 characters.
     key: String,
+    /// The Life fires this long after the last booking of its key.
+    #[schema(value_type = DurationValue)]
     period: Value,
+    /// ...but never later than this after the first (default: an hour, or `period`).
+    #[schema(value_type = Option<DurationValue>)]
     max_wait: Option<Value>,
+}
+
+/// A duration as the API reads it: a number of seconds (fractions allowed) or a string
+/// with units (`"500ms"`, `"30s"`, `"3m"`, `"1h 30m"`).
+pub struct DurationValue;
+
+impl utoipa::PartialSchema for DurationValue {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, OneOfBuilder, Type};
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::Number)
+                    .minimum(Some(0))
+                    .description(Some("seconds")),
+            )
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .examples([serde_json::json!("500ms")])
+                    .description(Some("a number with units, e.g. 500ms, 30s, 3m")),
+            )
+            .description(Some(
+                "A number of seconds, or a string with units such as \"500ms\", \"30s\", \"3m\".",
+            ))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for DurationValue {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Duration".into()
+    }
 }
 
 /// A booking's debounce window (Inngest's and Trigger.dev's semantics): while a Life
@@ -85,22 +155,48 @@ const DEFAULT_MAX_WAIT_MS: i64 = 3_600_000;
 
 /// Action fields as written by a client; `deny_unknown_fields` turns a typo such as
 /// `retry_cont` into a 400 instead of a silently ignored setting.
-#[derive(Debug, Deserialize)]
+///
+/// A webhook: `path` (under the gateway) or `url`, `method`, and optionally `headers`,
+/// `body`, timeouts and retries. A plugin: `plugin` (`name` or `name@version`), `input`,
+/// `timeout` and retries. Either may carry `on_success` / `on_failure` callbacks.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct RawAction {
+#[schema(as = Action, example = json!({"path": "/tasks", "method": "POST", "body": {"id": "a0", "method": "activate"}}))]
+pub struct RawAction {
+    /// Webhook: a path under the host's `gateway_url`, starting with `/`.
+    #[schema(example = "/tasks")]
     path: Option<String>,
+    /// Webhook: an absolute http(s) URL that the outbound policy allows.
     url: Option<String>,
+    /// Webhook: the HTTP method (required for a webhook).
+    #[schema(example = "POST")]
     method: Option<String>,
     headers: Option<BTreeMap<String, String>>,
+    /// Webhook: the body, any JSON value (a string is sent as it is).
+    #[schema(value_type = Option<Object>)]
     body: Option<Value>,
+    #[schema(value_type = Option<DurationValue>)]
     connect_timeout: Option<Value>,
+    #[schema(value_type = Option<DurationValue>)]
     request_timeout: Option<Value>,
+    /// Retries after a failed attempt (at most 1000).
+    #[schema(maximum = 1000)]
     retry_count: Option<u32>,
+    #[schema(value_type = Option<DurationValue>)]
     retry_interval: Option<Value>,
+    /// Plugin: `name` or `name@version` of a registered plugin.
     plugin: Option<String>,
+    /// Plugin: its input, any JSON.
+    #[schema(value_type = Option<Object>)]
     input: Option<Value>,
+    /// Plugin: its wall-time limit.
+    #[schema(value_type = Option<DurationValue>)]
     timeout: Option<Value>,
+    /// An action run once when this one finishes for good after a success.
+    #[schema(value_type = Option<Object>)]
     on_success: Option<Value>,
+    /// An action run once when this one fails for good.
+    #[schema(value_type = Option<Object>)]
     on_failure: Option<Value>,
 }
 
@@ -134,7 +230,10 @@ pub fn parse_request(body: &[u8]) -> Result<BookingRequest, ApiError> {
     if !value.is_object() {
         return Err(bad("invalid_body", "the body must be a JSON object"));
     }
-    serde_json::from_value(value).map_err(|e| body_error("the body", "invalid_body", e))
+    let request: BookingRequest =
+        serde_json::from_value(value).map_err(|e| body_error("the body", "invalid_body", e))?;
+    request.one_spelling_each()?;
+    Ok(request)
 }
 
 /// A body that does not fit its type: 400 `unknown_field` naming a field the type does
@@ -493,6 +592,49 @@ fn check_guard(name: &str, at_ms: i64, rules: &Rules) -> Result<(), ApiError> {
 }
 
 impl BookingRequest {
+    /// Refuses a field given in both spellings: which one was meant is a guess, and a
+    /// wrong guess books another time or action than the client thinks.
+    fn one_spelling_each(&self) -> Result<(), ApiError> {
+        let term = self.term.as_ref();
+        let pairs = [
+            (
+                term.is_some_and(|t| t.birth_time.is_some()),
+                self.birth_time.is_some(),
+                "term.birth_time",
+                "birth_time",
+            ),
+            (
+                term.is_some_and(|t| t.death_time.is_some()),
+                self.death_time.is_some(),
+                "term.death_time",
+                "death_time",
+            ),
+            (
+                self.birth.is_some(),
+                self.birth_action.is_some(),
+                "birth",
+                "birth_action",
+            ),
+            (
+                self.death.is_some(),
+                self.death_action.is_some(),
+                "death",
+                "death_action",
+            ),
+        ];
+        for (first, second, a, b) in pairs {
+            if first && second {
+                return Err(bad(
+                    "invalid_body",
+                    format!(
+                        "the body gives both {a} and {b}, two spellings of one field: give one"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn birth_time(&self) -> Option<&String> {
         self.term
             .as_ref()

@@ -26,7 +26,7 @@ use crate::error::ApiError;
 use crate::store::Conn;
 
 /// One version of a plugin, as registered.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
 pub struct PluginMeta {
     pub name: String,
     pub version: u32,

@@ -1,0 +1,216 @@
+#!/usr/bin/env python3
+"""Fuzzes every route of kairos's REST API from its own OpenAPI document.
+
+Starts a redis-server and a `kairos serve` of its own on free loopback ports (an API
+token of each scope, a gateway URL so that webhook actions with a `path` are accepted),
+then runs schemathesis (PyPI) against `GET /openapi.json` for a bounded time: examples,
+the coverage phase (boundary and invalid values of every parameter and body), random
+fuzzing and stateful sequences (create, read, change, delete through the document's
+links). It fails on:
+
+- any 5xx answer (`not_a_server_error`);
+- an answer whose status the document does not list for the route
+  (`status_code_conformance`), whose content type it does not list
+  (`content_type_conformance`), or whose body does not fit the route's schema
+  (`response_schema_conformance`);
+- a host that logged a panic or died under the fuzzing.
+
+Before it fuzzes, it checks what the fuzzer cannot: that the document is OpenAPI 3.1,
+and that it needs a token of the read scope like every other GET.
+
+Usage: api_fuzz.py --kairos PATH [--max-time SECONDS] [--seed N]
+"""
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+CHECKS = ",".join(
+    [
+        "not_a_server_error",
+        "status_code_conformance",
+        "content_type_conformance",
+        "response_schema_conformance",
+    ]
+)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(what, ready, within):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"api_fuzz: {what} did not happen within {within} s")
+
+
+def start_redis(workdir):
+    """A redis-server of its own; another port when a neighbour took the one picked."""
+    for _ in range(5):
+        port = free_port()
+        proc = subprocess.Popen(
+            ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", workdir],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+        def answers():
+            if proc.poll() is not None:
+                return True
+            try:
+                out = subprocess.run(["redis-cli", "-p", str(port), "INFO", "server"],
+                                     capture_output=True, text=True, timeout=2).stdout
+            except subprocess.TimeoutExpired:
+                return False
+            return f"process_id:{proc.pid}" in out
+
+        wait_until("redis-server start", answers, 10)
+        if proc.poll() is None:
+            return proc, port
+    raise SystemExit("api_fuzz: redis-server did not start on any of 5 free ports")
+
+
+def start_kairos(kairos, redis_port, tokens, log_path):
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [kairos, "serve", "--redis-url", f"redis://127.0.0.1:{redis_port}",
+         "--listen", "127.0.0.1:0",
+         "--api-tokens", ",".join(f"{t}:{scope}" for scope, t in tokens.items()),
+         # Webhook paths need a gateway; nothing listens there, and the fuzzer's
+         # bookings are days ahead, so none of them fires during the run.
+         "--gateway-url", f"http://127.0.0.1:{free_port()}",
+         "--data-dir", os.path.dirname(log_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env={**os.environ, "RUST_LOG": "info"},
+    )
+    addr = {}
+
+    def serving():
+        if proc.poll() is not None:
+            raise SystemExit(f"api_fuzz: kairos exited at start:\n{open(log_path).read()}")
+        for line in open(log_path):
+            if "kairos is serving" in line:
+                for word in line.split():
+                    if word.startswith("listen="):
+                        addr["base"] = "http://" + word[len("listen="):]
+                        return True
+        return False
+
+    wait_until("kairos start", serving, 30)
+    return proc, addr["base"]
+
+
+def get(url, token=None):
+    request = urllib.request.Request(url)
+    if token:
+        request.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def check_document(base, tokens):
+    status, body = get(f"{base}/openapi.json")
+    if status != 401:
+        raise SystemExit(f"api_fuzz: GET /openapi.json without a token answered {status}, not 401")
+    status, body = get(f"{base}/openapi.json", tokens["read"])
+    if status != 200:
+        raise SystemExit(f"api_fuzz: GET /openapi.json with a read token answered {status}")
+    doc = json.loads(body)
+    if not str(doc.get("openapi", "")).startswith("3.1"):
+        raise SystemExit(f"api_fuzz: the document is OpenAPI {doc.get('openapi')}, not 3.1")
+    operations = sum(
+        1 for item in doc["paths"].values() for method in item
+        if method in ("get", "put", "post", "delete", "patch")
+    )
+    print(f"api_fuzz: /openapi.json is OpenAPI {doc['openapi']} with {len(doc['paths'])} paths, "
+          f"{operations} operations")
+    return operations
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kairos", required=True, help="the kairos binary")
+    parser.add_argument("--max-time", type=int, default=90,
+                        help="schemathesis's time budget in seconds (default 90)")
+    # A fixed seed by default, so that CI runs the same cases each time (the time budget
+    # still bounds how many); give another to look further.
+    parser.add_argument("--seed", type=int, default=1, help="schemathesis's seed (default 1)")
+    args = parser.parse_args()
+    for tool in ("redis-server", "redis-cli"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"api_fuzz: {tool} is missing (apt-get install -y redis-server)")
+    schemathesis = os.path.join(os.path.dirname(sys.executable), "schemathesis")
+    seed = args.seed
+    tokens = {scope: f"fuzz-{scope}-{secrets.token_hex(8)}" for scope in ("read", "book", "admin")}
+
+    started = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="kairos-api-fuzz-")
+    log_path = os.path.join(workdir, "kairos.log")
+    procs = []
+    status = 1
+    try:
+        redis, redis_port = start_redis(workdir)
+        procs.append(redis)
+        kairos, base = start_kairos(args.kairos, redis_port, tokens, log_path)
+        procs.append(kairos)
+        check_document(base, tokens)
+        print(f"api_fuzz: schemathesis against {base} for {args.max_time} s, seed {seed}",
+              flush=True)
+        run = subprocess.run(
+            [schemathesis, "run", f"{base}/openapi.json",
+             "--header", f"Authorization: Bearer {tokens['admin']}",
+             "--checks", CHECKS,
+             "--max-time", str(args.max_time),
+             "--seed", str(seed),
+             "--workers", "2",
+             "--request-timeout", "10",
+             "--suppress-health-check", "all"],
+            timeout=args.max_time + 120,
+            cwd=workdir,  # its own cache (.schemathesis/) goes with the run
+        )
+        status = run.returncode
+        log = open(log_path).read()
+        if "panicked" in log:
+            print("api_fuzz: kairos panicked under the fuzzing:\n"
+                  + "\n".join(l for l in log.splitlines() if "panicked" in l))
+            status = status or 1
+        if kairos.poll() is not None:
+            print(f"api_fuzz: kairos died under the fuzzing ({kairos.returncode})")
+            status = status or 1
+        if status != 0:
+            print(f"api_fuzz: failed; reproduce with --seed {seed}; the host's log:\n"
+                  + "\n".join(log.splitlines()[-40:]))
+    finally:
+        for proc in reversed(procs):
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        shutil.rmtree(workdir, ignore_errors=True)
+    print(f"api_fuzz: {'ok' if status == 0 else 'FAILED'} in {time.monotonic() - started:.0f} s")
+    return 0 if status == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
