@@ -446,6 +446,19 @@ impl Engine {
                 finished_at_ms,
             ),
         };
+        let action_kind = match &action {
+            Ok(Action::Webhook(_)) => "webhook",
+            Ok(Action::Plugin(_)) => "plugin",
+            Err(_) => "",
+        };
+        self.metrics
+            .record_duration(action_kind, finished_at_ms - started_at_ms);
+        if word == "retry" {
+            self.metrics.record_retry(crate::metrics::retry_reason(
+                result.status,
+                result.retryable,
+            ));
+        }
         match owner {
             Some(Owner::Timer(_)) => self
                 .metrics

@@ -14,6 +14,38 @@ const LATENESS_BUCKETS: [f64; 12] = [
     0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0, 30.0,
 ];
 
+/// Upper bounds (seconds) of the run-duration histogram buckets.
+const DURATION_BUCKETS: [f64; 13] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+
+/// Action labels of `kairos_run_duration_seconds`.
+const ACTIONS: [&str; 2] = ["webhook", "plugin"];
+
+/// Reason labels of `kairos_retries_total` (see [`retry_reason`]).
+const RETRY_REASONS: [&str; 6] = [
+    "connect_or_timeout",
+    "rate_limited",
+    "server_error",
+    "status",
+    "plugin",
+    "error",
+];
+
+/// Why a run is retried, from its answer: no answer in time or no connection (599), a
+/// 429, another 5xx, another status in the retry codes, a plugin's retryable error, or an
+/// error without a status (a queue task's failed plugin or bad action).
+pub fn retry_reason(status: Option<u16>, plugin_retryable: bool) -> &'static str {
+    match status {
+        Some(599) => "connect_or_timeout",
+        Some(429) => "rate_limited",
+        Some(500..=599) => "server_error",
+        Some(_) => "status",
+        None if plugin_retryable => "plugin",
+        None => "error",
+    }
+}
+
 /// Plan labels of `kairos_runs_total`: a Life's birth or death, a timer's run, a queue
 /// task's run.
 const PLANS: [&str; 4] = ["birth", "death", "timer", "task"];
@@ -47,6 +79,12 @@ pub struct Metrics {
     lateness_sum_us: AtomicU64,
     /// Plans taken back from hosts whose lease expired.
     pub plans_reclaimed: AtomicU64,
+    /// Run durations by action kind: cumulative bucket counts, count, sum.
+    duration_buckets: [[AtomicU64; DURATION_BUCKETS.len()]; ACTIONS.len()],
+    duration_count: [AtomicU64; ACTIONS.len()],
+    duration_sum_us: [AtomicU64; ACTIONS.len()],
+    /// Retries by reason.
+    retries: [AtomicU64; RETRY_REASONS.len()],
 }
 
 fn kind_index(kind: PlanKind) -> usize {
@@ -60,6 +98,28 @@ impl Metrics {
     /// Counts one run and, for runs that started, its lateness.
     pub fn record_run(&self, kind: PlanKind, outcome: &str, lateness_ms: Option<i64>) {
         self.record_plan_run(kind_index(kind), outcome, lateness_ms);
+    }
+
+    /// Times one run of an action (`webhook` or `plugin`; anything else is not counted).
+    pub fn record_duration(&self, action: &str, ms: i64) {
+        let Some(a) = ACTIONS.iter().position(|x| *x == action) else {
+            return;
+        };
+        let secs = ms.max(0) as f64 / 1000.0;
+        for (bound, bucket) in DURATION_BUCKETS.iter().zip(&self.duration_buckets[a]) {
+            if secs <= *bound {
+                bucket.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.duration_count[a].fetch_add(1, Ordering::Relaxed);
+        self.duration_sum_us[a].fetch_add(ms.max(0) as u64 * 1000, Ordering::Relaxed);
+    }
+
+    /// Counts one retry, by its reason ([`retry_reason`]).
+    pub fn record_retry(&self, reason: &str) {
+        if let Some(i) = RETRY_REASONS.iter().position(|r| *r == reason) {
+            self.retries[i].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// Counts one run of a timer, with its lateness.
@@ -149,6 +209,46 @@ impl Metrics {
         let _ = writeln!(out, "kairos_fire_lateness_seconds_count {count}");
         let _ = writeln!(
             out,
+            "# HELP kairos_run_duration_seconds How long an action's call took, by action kind."
+        );
+        let _ = writeln!(out, "# TYPE kairos_run_duration_seconds histogram");
+        for (a, action) in ACTIONS.iter().enumerate() {
+            for (bound, bucket) in DURATION_BUCKETS.iter().zip(&self.duration_buckets[a]) {
+                let _ = writeln!(
+                    out,
+                    "kairos_run_duration_seconds_bucket{{action=\"{action}\",le=\"{bound}\"}} {}",
+                    get(bucket)
+                );
+            }
+            let count = get(&self.duration_count[a]);
+            let _ = writeln!(
+                out,
+                "kairos_run_duration_seconds_bucket{{action=\"{action}\",le=\"+Inf\"}} {count}"
+            );
+            let _ = writeln!(
+                out,
+                "kairos_run_duration_seconds_sum{{action=\"{action}\"}} {}",
+                get(&self.duration_sum_us[a]) as f64 / 1e6
+            );
+            let _ = writeln!(
+                out,
+                "kairos_run_duration_seconds_count{{action=\"{action}\"}} {count}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP kairos_retries_total Runs that will be retried, by reason."
+        );
+        let _ = writeln!(out, "# TYPE kairos_retries_total counter");
+        for (r, reason) in RETRY_REASONS.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "kairos_retries_total{{reason=\"{reason}\"}} {}",
+                get(&self.retries[r])
+            );
+        }
+        let _ = writeln!(
+            out,
             "# HELP kairos_plans_reclaimed_total Plans taken back from hosts whose lease expired."
         );
         let _ = writeln!(out, "# TYPE kairos_plans_reclaimed_total counter");
@@ -184,6 +284,12 @@ mod tests {
         m.record_run(PlanKind::Birth, "invalidated", None);
         m.record_timer_run("failed", 2);
         m.record_task_run("retry");
+        m.record_duration("webhook", 30);
+        m.record_duration("plugin", 2_000);
+        m.record_duration("", 5);
+        m.record_retry(retry_reason(Some(503), false));
+        m.record_retry(retry_reason(Some(599), false));
+        m.record_retry(retry_reason(None, true));
         let text = m.render(
             &[
                 ("kairos_due_plans", "Plans waiting.", 7.0),
@@ -196,6 +302,17 @@ mod tests {
         assert!(text.contains("kairos_runs_total{plan=\"birth\",outcome=\"invalidated\"} 1\n"));
         assert!(text.contains("kairos_runs_total{plan=\"timer\",outcome=\"failed\"} 1\n"));
         assert!(text.contains("kairos_runs_total{plan=\"task\",outcome=\"retry\"} 1\n"));
+        assert!(text
+            .contains("kairos_run_duration_seconds_bucket{action=\"webhook\",le=\"0.025\"} 0\n"));
+        assert!(
+            text.contains("kairos_run_duration_seconds_bucket{action=\"webhook\",le=\"0.05\"} 1\n")
+        );
+        assert!(text.contains("kairos_run_duration_seconds_count{action=\"plugin\"} 1\n"));
+        assert!(text.contains("kairos_run_duration_seconds_sum{action=\"plugin\"} 2\n"));
+        assert!(text.contains("kairos_retries_total{reason=\"server_error\"} 1\n"));
+        assert!(text.contains("kairos_retries_total{reason=\"connect_or_timeout\"} 1\n"));
+        assert!(text.contains("kairos_retries_total{reason=\"plugin\"} 1\n"));
+        assert!(text.contains("kairos_retries_total{reason=\"rate_limited\"} 0\n"));
         assert!(text.contains("kairos_fire_lateness_seconds_bucket{le=\"0.001\"} 1\n"));
         assert!(text.contains("kairos_fire_lateness_seconds_bucket{le=\"0.005\"} 3\n"));
         assert!(text.contains("kairos_fire_lateness_seconds_bucket{le=\"0.05\"} 4\n"));

@@ -635,6 +635,8 @@ impl Engine {
                     let next_ms = now_ms.saturating_add(wait.min(i64::MAX as u64) as i64);
                     run.outcome = RunOutcome::Retry { next_ms };
                     run.record.outcome = "retry";
+                    self.metrics
+                        .record_retry(crate::metrics::retry_reason(run.record.status, false));
                 }
             }
         }

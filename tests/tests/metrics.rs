@@ -97,6 +97,41 @@ async fn metrics_count_bookings_runs_and_lateness() {
     );
 }
 
+/// Retries are counted by reason, and every call's duration by action kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_by_reason_and_run_durations() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    sink.answer(&[503, 429, 200]);
+    let action =
+        json!({"path": "/hook", "method": "POST", "retry_count": 3, "retry_interval": 0.2});
+    book(&api, &point("r1", now_ms() + 1_000, action)).await;
+    api.wait_life("r1", Duration::from_secs(15), |l| state(l) == "Dead")
+        .await;
+    let m = scrape(&host).await;
+    assert_eq!(m["kairos_retries_total{reason=\"server_error\"}"], 1.0);
+    assert_eq!(m["kairos_retries_total{reason=\"rate_limited\"}"], 1.0);
+    assert_eq!(
+        m["kairos_retries_total{reason=\"connect_or_timeout\"}"],
+        0.0
+    );
+    assert_eq!(
+        m["kairos_run_duration_seconds_count{action=\"webhook\"}"],
+        3.0
+    );
+    assert_eq!(
+        m["kairos_run_duration_seconds_bucket{action=\"webhook\",le=\"+Inf\"}"],
+        3.0
+    );
+    assert!(m["kairos_run_duration_seconds_bucket{action=\"webhook\",le=\"1\"}"] >= 3.0);
+    assert_eq!(
+        m["kairos_run_duration_seconds_count{action=\"plugin\"}"],
+        0.0
+    );
+}
+
 /// `--metrics-listen` serves /metrics alone, without a token, for scrapers; the API
 /// keeps asking for one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
