@@ -2,6 +2,7 @@
 
 use std::io::Write;
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use kairos_e2e::*;
 use serde_json::Value;
@@ -562,4 +563,134 @@ async fn completions_and_a_closed_pipe() {
     let out = child.wait_with_output().unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!err.contains("panicked"), "{err}");
+}
+
+/// `kairos plugins run FILE.wasm` runs a component once, here, with no server or Redis,
+/// in the sandbox a firing uses: its output, logs, each outbound request with the
+/// policy's answer; a panic, a refused host and a deadline fail it with exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_run_runs_a_component_file_once_without_a_server() {
+    let sink = Sink::start().await;
+    let dir = TempDir::new("plugins-run");
+    let file = |name: &str| {
+        let path = dir.0.join(format!("{name}.wasm"));
+        std::fs::write(&path, plugin_wasm(name)).unwrap();
+        path.display().to_string()
+    };
+    let (forward, hostile) = (file("http-forward"), file("hostile"));
+    let run = |args: Vec<String>| async move {
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(kairos_bin())
+                // No server: nothing here may need one.
+                .args([
+                    "--server",
+                    "http://127.0.0.1:9",
+                    "-o",
+                    "json",
+                    "plugins",
+                    "run",
+                ])
+                .args(&args)
+                .env_remove("RUST_BACKTRACE")
+                .output()
+                .unwrap();
+            let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+                panic!(
+                    "{e}: {}{}",
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            });
+            (
+                out.status.code(),
+                json,
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+        .await
+        .unwrap()
+    };
+    let target = format!("127.0.0.1:{}", sink.addr.port());
+    let input =
+        serde_json::json!({"url": format!("http://{target}/hook"), "body": {"n": 1}}).to_string();
+
+    // Allowed: the call reaches the sink, and the log names it with its answer.
+    let (code, out, err) = run(vec![
+        forward.clone(),
+        "--input".into(),
+        input.clone(),
+        "--allow".into(),
+        target.clone(),
+    ])
+    .await;
+    assert_eq!(code, Some(0), "{out} {err}");
+    assert_eq!(out["ok"], true, "{out}");
+    assert_eq!(out["output"], r#"{"status":200}"#, "{out}");
+    let logs = out["logs"].to_string();
+    assert!(
+        logs.contains(&format!("allowed: POST http://{target}/hook answered 200")),
+        "{logs}"
+    );
+    assert!(out["run_ms"].as_f64().unwrap() > 0.0);
+    let got = sink.wait_count(1, Duration::from_secs(5)).await;
+    assert_eq!(got[0].path, "/hook");
+    assert_eq!(
+        serde_json::from_slice::<serde_json::Value>(&got[0].body).unwrap()["n"],
+        1
+    );
+
+    // Not allowed: refused by the plugin's list, said so, and nothing sent.
+    let (code, out, _) = run(vec![forward, "--input".into(), input]).await;
+    assert_eq!(code, Some(1), "{out}");
+    assert!(
+        out["logs"].to_string().contains("denied: outbound policy"),
+        "{out}"
+    );
+    assert_eq!(sink.received().len(), 1, "a refused call was sent");
+
+    // A panic, and a loop stopped by the deadline.
+    let (code, out, err) = run(vec![
+        hostile.clone(),
+        "--input".into(),
+        r#"{"mode":"panic"}"#.into(),
+    ])
+    .await;
+    assert_eq!(code, Some(1));
+    assert!(
+        out["error"].as_str().unwrap().contains("panicked at"),
+        "{out}"
+    );
+    assert!(err.contains("the run failed"), "{err}");
+    let (code, out, _) = run(vec![
+        hostile.clone(),
+        "--input".into(),
+        r#"{"mode":"loop"}"#.into(),
+        "--timeout".into(),
+        "300ms".into(),
+    ])
+    .await;
+    assert_eq!(code, Some(1));
+    assert!(
+        out["error"].as_str().unwrap().contains("300 ms deadline"),
+        "{out}"
+    );
+    assert!(out["run_ms"].as_f64().unwrap() < 5_000.0, "{out}");
+    // A booking has no scheduler here: refused, and the log shows what it would book.
+    let (_, out, _) = run(vec![
+        hostile.clone(),
+        "--input".into(),
+        r#"{"mode":"book-big","size":10}"#.into(),
+    ])
+    .await;
+    assert!(out.to_string().contains("no_scheduler"), "{out}");
+
+    // Not a component: exit 1 with the reason, no run.
+    let not_wasm = dir.0.join("notes.txt");
+    std::fs::write(&not_wasm, "hello").unwrap();
+    let out = Command::new(kairos_bin())
+        .args(["plugins", "run", &not_wasm.display().to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not a WebAssembly binary"));
 }

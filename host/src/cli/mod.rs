@@ -12,7 +12,7 @@ mod print;
 
 use std::io::Read;
 
-use anyhow::{bail, Context};
+use anyhow::{anyhow, bail, Context};
 use clap::{Args, Subcommand};
 use http::Method;
 use serde_json::{json, Value};
@@ -160,6 +160,26 @@ pub enum PluginsCommand {
         /// Wall-time limit per run (`10s`, `500ms`).
         #[arg(long)]
         timeout: Option<String>,
+    },
+    /// Run a component file once, here, in the sandbox a firing uses, with no server or
+    /// Redis: prints its output or error, its logs, each outbound request with the
+    /// policy's answer, and the time taken (exit 1 when the run fails).
+    Run {
+        /// The component file (.wasm built for wasm32-wasip2).
+        file: String,
+        /// The input, as the booking's `input` (JSON).
+        #[arg(long, default_value = "{}")]
+        input: String,
+        /// A host it may call, `host` or `host:port` (repeat, or comma separate); none by
+        /// default. Loopback targets are allowed only when named here.
+        #[arg(long, value_delimiter = ',')]
+        allow: Vec<String>,
+        /// Memory cap in MiB.
+        #[arg(long, default_value_t = 64)]
+        memory_mb: u32,
+        /// Wall-time limit (`10s`, `500ms`).
+        #[arg(long, default_value = "10s")]
+        timeout: String,
     },
     /// Delete a plugin and all its versions (refused while unfinished Lives use it).
     #[command(visible_alias = "rm")]
@@ -644,6 +664,13 @@ async fn plugins(api: &Api, command: PluginsCommand, output: Output) -> anyhow::
                 .await?;
             emit(output, &meta);
         }
+        PluginsCommand::Run {
+            file,
+            input,
+            allow,
+            memory_mb,
+            timeout,
+        } => run_plugin_file(file, input, allow, memory_mb, timeout, output).await?,
         PluginsCommand::Delete { name, force } => {
             let path = format!(
                 "/plugins/{}{}",
@@ -654,6 +681,74 @@ async fn plugins(api: &Api, command: PluginsCommand, output: Output) -> anyhow::
         }
     }
     Ok(())
+}
+
+/// `kairos plugins run`: see `plugins/local.rs`.
+async fn run_plugin_file(
+    file: String,
+    input: String,
+    allow: Vec<String>,
+    memory_mb: u32,
+    timeout: String,
+    output: Output,
+) -> anyhow::Result<()> {
+    use crate::plugins::local::{run_once, LocalRun};
+    let bytes = std::fs::read(&file).with_context(|| format!("cannot read {file}"))?;
+    serde_json::from_str::<Value>(&input).map_err(|e| anyhow!("--input is not JSON: {e}"))?;
+    let timeout = crate::config::parse_duration(&timeout, std::time::Duration::from_secs(1))
+        .map_err(|e| anyhow!("--timeout: {e}"))?;
+    if !(1..=1024).contains(&memory_mb) {
+        bail!("--memory-mb must be 1 to 1024");
+    }
+    let name = std::path::Path::new(&file)
+        .file_stem()
+        .map(|s| s.to_string_lossy().replace('_', "-"))
+        .unwrap_or_else(|| "local".into());
+    let outcome = run_once(LocalRun {
+        bytes,
+        name: name.clone(),
+        input,
+        allow,
+        memory_mb,
+        timeout,
+    })
+    .await
+    .map_err(|e| anyhow!("{file}: {e}"))?;
+    let compile_ms = outcome.compile.as_secs_f64() * 1000.0;
+    let run_ms = outcome.run.as_secs_f64() * 1000.0;
+    let invocation = outcome.invocation;
+    match output {
+        Output::Json => print_json(&json!({
+            "ok": invocation.result.is_ok(),
+            "output": invocation.result.as_ref().ok(),
+            "error": invocation.result.as_ref().err().map(|f| f.message(&name)),
+            "retryable": invocation.result.as_ref().err().map(|f| f.retryable()),
+            "logs": invocation.logs,
+            "compile_ms": compile_ms,
+            "run_ms": run_ms,
+        })),
+        Output::Table => {
+            for line in &invocation.logs {
+                println!("log    {line}");
+            }
+            match &invocation.result {
+                Ok(out) => println!("output {out}"),
+                Err(f) => println!("error  {}", f.message(&name)),
+            }
+            println!("took   {run_ms:.1} ms (compiling first: {compile_ms:.0} ms)");
+        }
+    }
+    match invocation.result {
+        Ok(_) => Ok(()),
+        Err(f) => Err(anyhow!(
+            "the run failed{}",
+            if f.retryable() {
+                " (retryable: a firing would be retried)"
+            } else {
+                ""
+            }
+        )),
+    }
 }
 
 async fn timers(api: &Api, command: Option<TimersCommand>, output: Output) -> anyhow::Result<()> {

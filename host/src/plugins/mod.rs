@@ -2,13 +2,15 @@
 //!
 //! - `registry`: names, versions, limits and component bytes in Redis;
 //! - `runtime`: the wasmtime engine, compile cache, one fresh sandboxed store per run;
-//! - `sandbox`: what a run can touch (logs, follow-up bookings, policed outbound HTTP).
+//! - `sandbox`: what a run can touch (logs, follow-up bookings, policed outbound HTTP);
+//! - `local`: one run of a component file with no Redis (`kairos plugins run`).
 //!
 //! Their routes (`PUT|GET|DELETE /plugins/...`) are in `api/plugins.rs`.
 //!
 //! The contract with plugin authors is the WIT package in `wit/` (world
 //! `kairos:plugin/action`); `guest-sdk/` wraps it for Rust.
 
+pub mod local;
 pub mod registry;
 pub mod runtime;
 pub mod sandbox;

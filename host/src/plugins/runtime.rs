@@ -244,8 +244,10 @@ pub struct Invocation {
 pub struct PluginRuntime {
     engine: Engine,
     linker: Linker<Sandbox>,
-    registry: Registry,
-    bookings: Arc<Bookings>,
+    /// None in a runtime made by [`PluginRuntime::local`] (`kairos plugins run`), which
+    /// runs components from files, with no Redis and no scheduler.
+    registry: Option<Registry>,
+    bookings: Option<Arc<Bookings>>,
     settings: RuntimeSettings,
     /// Pre-linked components by digest; filled once per digest even under concurrent
     /// first uses. At most [`MAX_RESIDENT_COMPONENTS`], the least recently used going
@@ -290,6 +292,22 @@ impl PluginRuntime {
     pub fn new(
         registry: Registry,
         bookings: Arc<Bookings>,
+        settings: RuntimeSettings,
+    ) -> anyhow::Result<Arc<PluginRuntime>> {
+        Self::build(Some(registry), Some(bookings), settings)
+    }
+
+    /// A runtime for `kairos plugins run`: components come from files ([`run_file`]),
+    /// and `schedule.book`/`cancel` answer `no_scheduler`.
+    ///
+    /// [`run_file`]: PluginRuntime::run_file
+    pub fn local(settings: RuntimeSettings) -> anyhow::Result<Arc<PluginRuntime>> {
+        Self::build(None, None, settings)
+    }
+
+    fn build(
+        registry: Option<Registry>,
+        bookings: Option<Arc<Bookings>>,
         settings: RuntimeSettings,
     ) -> anyhow::Result<Arc<PluginRuntime>> {
         let engine = Engine::new(&engine_config(
@@ -359,8 +377,43 @@ impl PluginRuntime {
         }))
     }
 
+    /// The registry of a serving host's runtime.
+    ///
+    /// # Panics
+    /// On a runtime made by [`PluginRuntime::local`], which has none and is never handed
+    /// to the API or the engine.
     pub fn registry(&self) -> &Registry {
-        &self.registry
+        self.registry
+            .as_ref()
+            .expect("a serving host's plugin runtime has a registry")
+    }
+
+    /// Compiles and links the component in `bytes` for [`run_traced`]. For `kairos
+    /// plugins run`.
+    ///
+    /// [`run_traced`]: PluginRuntime::run_traced
+    pub async fn prepare(&self, bytes: Vec<u8>) -> Result<ActionPre<Sandbox>, String> {
+        if !bytes.starts_with(b"\0asm") {
+            return Err("not a WebAssembly binary (it does not start with \\0asm): give the .wasm file cargo builds for wasm32-wasip2".into());
+        }
+        let engine = self.engine.clone();
+        let component = tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
+            .await
+            .map_err(|e| format!("compilation did not finish: {e}"))?
+            .map_err(|e| format!("not a valid WebAssembly component: {}", root(&e)))?;
+        self.prelink(&component)
+    }
+
+    /// Runs a prepared component once, as a firing would (same engine, sandbox and the
+    /// limits in `meta`), and logs every outbound request with its answer.
+    pub async fn run_traced(
+        &self,
+        pre: &ActionPre<Sandbox>,
+        meta: &PluginMeta,
+        ctx: &InvokeContext,
+        input: &str,
+    ) -> Invocation {
+        self.invoke_pre(pre, meta, ctx, input, true).await
     }
 
     /// Compiles and links `bytes` the way a firing would, so that an upload that could
@@ -439,7 +492,7 @@ impl PluginRuntime {
             Some(c) => c,
             None => {
                 let bytes = self
-                    .registry
+                    .registry()
                     .bytes(digest)
                     .await
                     .map_err(|e| {
@@ -500,7 +553,7 @@ impl PluginRuntime {
             result: Err(failure),
             logs: Vec::new(),
         };
-        let mut meta = match self.registry.resolve(spec).await {
+        let mut meta = match self.registry().resolve(spec).await {
             Ok(Some(meta)) => meta,
             Ok(None) => return failed(Failure::Setup(format!("no plugin `{spec}` is registered"))),
             Err(e) => {
@@ -528,6 +581,18 @@ impl PluginRuntime {
         ctx: &InvokeContext,
         input: &str,
     ) -> Invocation {
+        self.invoke_pre(pre, meta, ctx, input, false).await
+    }
+
+    /// One run; `trace` logs every outbound request, not only refusals.
+    async fn invoke_pre(
+        &self,
+        pre: &ActionPre<Sandbox>,
+        meta: &PluginMeta,
+        ctx: &InvokeContext,
+        input: &str,
+        trace: bool,
+    ) -> Invocation {
         let _slot = self.slots.acquire().await.expect("slots never close");
         let logs = LogSink::default();
         let outbound = Outbound {
@@ -539,6 +604,7 @@ impl PluginRuntime {
             request_timeout: self.settings.request_timeout,
             logs: logs.clone(),
             in_flight: Outbound::in_flight_places(),
+            trace,
         };
         let memory = meta.memory_mb.min(MAX_MEMORY_MB) as usize * 1024 * 1024;
         let mut store = Store::new(
@@ -600,7 +666,7 @@ impl PluginRuntime {
     /// Loads a plugin for the benchmark, which then calls `invoke_loaded` directly.
     pub async fn preload(&self, spec: &str) -> Result<(ActionPre<Sandbox>, PluginMeta), String> {
         let meta = self
-            .registry
+            .registry()
             .resolve(spec)
             .await
             .map_err(|e| e.message)?
@@ -639,7 +705,7 @@ fn level_name(level: super::bindings::kairos::plugin::log::Level) -> &'static st
 }
 
 /// The first `max` bytes of `text`, cut at a character boundary, borrowed.
-fn prefix(text: &str, max: usize) -> &str {
+pub(crate) fn prefix(text: &str, max: usize) -> &str {
     if text.len() <= max {
         return text;
     }

@@ -176,6 +176,8 @@ pub struct Outbound {
     pub logs: LogSink,
     /// [`MAX_REQUESTS_IN_FLIGHT`] places, one per open request of this run.
     pub in_flight: Arc<tokio::sync::Semaphore>,
+    /// Log every request with its answer, not only refusals (`kairos plugins run`).
+    pub trace: bool,
 }
 
 impl Outbound {
@@ -236,6 +238,7 @@ impl WasiHttpHooks for Outbound {
         let limit = self.response_limit;
         let timeout = self.request_timeout;
         let logs = self.logs.clone();
+        let trace = self.trace;
         // A request takes its place in the order the plugin made it: the place is asked
         // for here, while the guest's call is still on the stack, not when the spawned
         // future first runs (tasks start in any order). Places are held until a response
@@ -249,6 +252,7 @@ impl WasiHttpHooks for Outbound {
         Box::new(async move {
             use wasmtime_wasi_http::Error;
             let uri = request.uri().clone();
+            let method = request.method().clone();
             let grant = plugin_allows(&allowed, &uri);
             // The policy's DNS lookup counts against the request's time too.
             let deadline = tokio::time::Instant::now() + timeout;
@@ -280,12 +284,32 @@ impl WasiHttpHooks for Outbound {
                 Poll::Pending => place.await,
             }
             .expect("the in-flight semaphore is never closed");
+            let failed = |why: &str| {
+                if trace {
+                    logs.push(format!("allowed: {method} {uri} failed: {why}"));
+                }
+            };
             let response = match tokio::time::timeout_at(deadline, client.request(request)).await {
-                Err(_) => return Err(Error::HttpResponseTimeout),
-                Ok(Err(e)) if e.is_connect() => return Err(Error::ConnectionRefused),
-                Ok(Err(e)) => return Err(Error::InternalError(Some(e.to_string()))),
+                Err(_) => {
+                    failed("no answer in time");
+                    return Err(Error::HttpResponseTimeout);
+                }
+                Ok(Err(e)) if e.is_connect() => {
+                    failed("cannot connect");
+                    return Err(Error::ConnectionRefused);
+                }
+                Ok(Err(e)) => {
+                    failed(&e.to_string());
+                    return Err(Error::InternalError(Some(e.to_string())));
+                }
                 Ok(Ok(response)) => response,
             };
+            if trace {
+                logs.push(format!(
+                    "allowed: {method} {uri} answered {}",
+                    response.status().as_u16()
+                ));
+            }
             let response = response.map(|body| {
                 Limited::new(body, limit)
                     .map_err(|e| {
@@ -316,7 +340,8 @@ pub struct Sandbox {
     outbound: Outbound,
     pub limits: StoreLimits,
     pub logs: LogSink,
-    bookings: Arc<Bookings>,
+    /// None when no scheduler stands behind the run (`kairos plugins run`).
+    bookings: Option<Arc<Bookings>>,
     booked: u32,
     /// The plugin's name, for its bookings-per-second budget.
     plugin: String,
@@ -326,7 +351,7 @@ impl Sandbox {
     pub fn new(
         outbound: Outbound,
         memory_bytes: usize,
-        bookings: Arc<Bookings>,
+        bookings: Option<Arc<Bookings>>,
         plugin: String,
     ) -> Self {
         let logs = outbound.logs.clone();
@@ -381,8 +406,24 @@ impl WasiHttpView for Sandbox {
 
 impl types::Host for Sandbox {}
 
+/// What `schedule.book` and `schedule.cancel` answer in a run with no scheduler behind
+/// it (`kairos plugins run`).
+fn no_scheduler() -> schedule::BookingError {
+    schedule::BookingError {
+        code: "no_scheduler".into(),
+        message: "this run has no scheduler behind it (kairos plugins run): nothing was booked or cancelled".into(),
+    }
+}
+
 impl schedule::Host for Sandbox {
     async fn book(&mut self, request: String) -> Result<String, schedule::BookingError> {
+        let Some(bookings) = self.bookings.clone() else {
+            self.logs.push(format!(
+                "would book (no scheduler here): {}",
+                super::runtime::prefix(&request, 512)
+            ));
+            return Err(no_scheduler());
+        };
         if self.booked >= MAX_BOOKINGS_PER_RUN {
             return Err(schedule::BookingError {
                 code: "too_many_bookings".into(),
@@ -390,8 +431,7 @@ impl schedule::Host for Sandbox {
             });
         }
         self.booked += 1;
-        match self
-            .bookings
+        match bookings
             .count_plugin_booking(&self.plugin, MAX_PLUGIN_BOOKINGS_PER_SECOND)
             .await
         {
@@ -412,7 +452,7 @@ impl schedule::Host for Sandbox {
                 })
             }
         }
-        match self.bookings.book_json(request.as_bytes()).await {
+        match bookings.book_json(request.as_bytes()).await {
             Ok(life) => {
                 self.logs.push(format!("booked Life {}", life.life_uuid));
                 Ok(life.life_uuid)
@@ -425,7 +465,12 @@ impl schedule::Host for Sandbox {
     }
 
     async fn cancel(&mut self, life_id: String) -> Result<(), schedule::BookingError> {
-        self.bookings
+        let Some(bookings) = self.bookings.clone() else {
+            self.logs
+                .push(format!("would cancel (no scheduler here): {life_id}"));
+            return Err(no_scheduler());
+        };
+        bookings
             .cancel(&life_id, false)
             .await
             .map(|_| ())

@@ -1,0 +1,95 @@
+//! `kairos plugins run FILE.wasm`: a component run once, from a file, in the sandbox a
+//! firing uses (same engine, limits and outbound policy), with no Redis and no scheduler,
+//! as `extism call` or `spin up` would: for plugin authors to try a build before they
+//! upload it.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::config::Config;
+use crate::model::PlanKind;
+use crate::outbound::{OutboundPolicy, PolicyResolver};
+use crate::plugins::{Invocation, InvokeContext, PluginMeta, PluginRuntime, RuntimeSettings};
+
+/// What the run is given.
+#[derive(Debug, Clone)]
+pub struct LocalRun {
+    /// The component's bytes.
+    pub bytes: Vec<u8>,
+    /// The plugin's name in its context (the file's stem).
+    pub name: String,
+    pub input: String,
+    /// Hosts it may call (`host` or `host:port`): the plugin's `allowed_hosts` and the
+    /// host's `--allowed-hosts` both, as a test machine's targets are often loopback.
+    pub allow: Vec<String>,
+    pub memory_mb: u32,
+    pub timeout: Duration,
+}
+
+/// What came of it.
+#[derive(Debug)]
+pub struct LocalOutcome {
+    pub invocation: Invocation,
+    /// Compiling and linking the component (a host does it once per upload and keeps
+    /// the result on disk).
+    pub compile: Duration,
+    /// The run itself.
+    pub run: Duration,
+}
+
+/// Runs the component once. Err: the file is no component kairos can run.
+pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
+    let defaults = Config::default();
+    let allowed =
+        crate::config::parse_allowed_hosts(&run.allow.join(",")).map_err(|e| e.0.to_string())?;
+    let policy = Arc::new(OutboundPolicy::new(allowed, None));
+    let tls = crate::actions::webhook::tls_config(None)?;
+    let client = |public_only| {
+        crate::actions::webhook::pooled_client(
+            tls.clone(),
+            defaults.connect_timeout,
+            PolicyResolver::new(policy.clone(), public_only),
+        )
+    };
+    let runtime = PluginRuntime::local(RuntimeSettings {
+        instances: 1,
+        cache_dir: std::env::temp_dir().join("kairos-plugins-run"),
+        policy: policy.clone(),
+        client: client(false),
+        public_client: client(true),
+        response_limit: defaults.response_body_limit,
+        request_timeout: defaults.request_timeout,
+        keep_resident: crate::plugins::runtime::DEFAULT_KEEP_RESIDENT,
+        pagemap_scan: true,
+    })
+    .map_err(|e| format!("cannot start the plugin runtime: {e}"))?;
+    let meta = PluginMeta {
+        name: run.name.clone(),
+        version: 0,
+        digest: String::new(),
+        size: run.bytes.len() as u64,
+        allowed_hosts: run.allow.clone(),
+        memory_mb: run.memory_mb,
+        timeout_ms: run.timeout.as_millis().max(1) as u64,
+        uploaded_at: String::new(),
+        uploaded_at_ms: 0,
+    };
+    let now_ms = chrono::Utc::now().timestamp_millis();
+    let ctx = InvokeContext {
+        life_id: format!("local-{now_ms}"),
+        plan: PlanKind::Birth,
+        scheduled_at_ms: now_ms,
+        attempt: 1,
+        resource_id: None,
+    };
+    let began = Instant::now();
+    let pre = runtime.prepare(run.bytes).await?;
+    let compile = began.elapsed();
+    let began = Instant::now();
+    let invocation = runtime.run_traced(&pre, &meta, &ctx, &run.input).await;
+    Ok(LocalOutcome {
+        invocation,
+        compile,
+        run: began.elapsed(),
+    })
+}
