@@ -31,6 +31,8 @@ use serde::Serialize;
 pub mod http;
 pub mod log;
 pub mod schedule;
+#[cfg(not(target_family = "wasm"))]
+pub mod testing;
 
 /// The bindings generated from the `kairos:plugin` WIT package (`wit/` in the kairos
 /// repository). Plugins rarely need them directly.
@@ -146,8 +148,13 @@ impl From<schedule::BookingError> for Error {
 
 /// The wall-clock time, in milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
-    let t = bindings::wasi::clocks::wall_clock::now();
-    (t.seconds as i64) * 1000 + i64::from(t.nanoseconds / 1_000_000)
+    #[cfg(not(target_family = "wasm"))]
+    return testing::now_ms();
+    #[cfg(target_family = "wasm")]
+    {
+        let t = bindings::wasi::clocks::wall_clock::now();
+        (t.seconds as i64) * 1000 + i64::from(t.nanoseconds / 1_000_000)
+    }
 }
 
 /// Glue between the WIT export and a typed plugin function; used by [`export_action!`].

@@ -3,7 +3,24 @@
 //! The host keeps the first 64 lines and 16 KiB of each run. Anything the plugin prints
 //! to standard output or error is kept too, as `stdout`/`stderr` lines.
 
-use crate::bindings::kairos::plugin::log::{log, Level};
+use crate::bindings::kairos::plugin::log::Level;
+
+/// To the host's `log` import; in a native test, to the test kit.
+fn log(level: Level, message: &str) {
+    #[cfg(target_family = "wasm")]
+    crate::bindings::kairos::plugin::log::log(level, message);
+    #[cfg(not(target_family = "wasm"))]
+    crate::testing::log(
+        match level {
+            Level::Trace => "trace",
+            Level::Debug => "debug",
+            Level::Info => "info",
+            Level::Warn => "warn",
+            Level::Error => "error",
+        },
+        message,
+    );
+}
 
 pub fn trace(message: &str) {
     log(Level::Trace, message)

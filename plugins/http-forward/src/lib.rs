@@ -55,3 +55,45 @@ fn run(ctx: Context, input: Input) -> Result<Output, Error> {
 }
 
 export_action!(run);
+
+/// `run` in a native `cargo test`, through the guest SDK's test kit.
+#[cfg(test)]
+mod tests {
+    use kairos_guest::testing::{self, Kit};
+
+    use super::run;
+
+    const INPUT: &str = r#"{"url": "https://hooks.example.com/x", "headers": {"x-team": "ops"}, "body": {"n": 1}}"#;
+
+    #[test]
+    fn forwards_the_body_and_reports_the_status() {
+        let kit = Kit::new().on_http(|_| Ok(testing::response(202, "")));
+        assert_eq!(
+            testing::call(run, testing::context(), INPUT),
+            Ok(r#"{"status":202}"#.to_string())
+        );
+        let sent = &kit.requests()[0];
+        assert_eq!(sent.method, "POST");
+        assert_eq!(sent.url, "https://hooks.example.com/x");
+        assert_eq!(sent.json(), serde_json::json!({"n": 1}));
+        assert_eq!(sent.header("x-team"), Some("ops"));
+        assert_eq!(sent.header("x-kairos-life"), Some("test-life"));
+        assert_eq!(
+            sent.header("idempotency-key"),
+            Some("test-life:1800000000000")
+        );
+        assert_eq!(kit.logs(), ["info: POST https://hooks.example.com/x -> 202"]);
+    }
+
+    #[test]
+    fn a_5xx_or_no_answer_is_retried_and_a_4xx_is_not() {
+        let _kit = Kit::new().on_http(|_| Ok(testing::response(503, "")));
+        let err = testing::call(run, testing::context(), INPUT).unwrap_err();
+        assert!(err.retryable, "{err:?}");
+        let _kit = Kit::new().on_http(|_| Ok(testing::response(404, "")));
+        let err = testing::call(run, testing::context(), INPUT).unwrap_err();
+        assert!(!err.retryable && err.message.contains("404"), "{err:?}");
+        let _kit = Kit::new().on_http(|_| Err("connection refused".into()));
+        assert!(testing::call(run, testing::context(), INPUT).unwrap_err().retryable);
+    }
+}
