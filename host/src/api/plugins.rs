@@ -164,7 +164,8 @@ async fn upload_plugin(
             "the body must be the component's bytes (a .wasm file built for wasm32-wasip2)",
         ));
     }
-    app.plugins
+    let compiled = app
+        .plugins
         .check(body.to_vec())
         .await
         .map_err(|why| ApiError::bad_request("invalid_plugin", why))?;
@@ -175,6 +176,8 @@ async fn upload_plugin(
         .registry()
         .put(&name, &body, &limits, &uploaded_at, now_ms)
         .await?;
+    // Compiled already: kept, so that the first firing here runs at once.
+    app.plugins.keep_compiled(&meta.digest, compiled).await;
     tracing::info!(plugin = %name, version = meta.version, digest = %meta.digest, "plugin uploaded");
     Ok((StatusCode::CREATED, Json(json!(meta))))
 }

@@ -417,8 +417,9 @@ impl PluginRuntime {
     }
 
     /// Compiles and links `bytes` the way a firing would, so that an upload that could
-    /// never run is refused at once. Returns the error as a sentence.
-    pub async fn check(&self, bytes: Vec<u8>) -> Result<(), String> {
+    /// never run is refused at once. Returns the error as a sentence, or the compiled
+    /// component for [`keep_compiled`](PluginRuntime::keep_compiled).
+    pub async fn check(&self, bytes: Vec<u8>) -> Result<Compiled, String> {
         if !bytes.starts_with(b"\0asm") {
             return Err(
                 "not a WebAssembly binary (it does not start with \\0asm); upload the .wasm file cargo builds for wasm32-wasip2".into(),
@@ -429,7 +430,18 @@ impl PluginRuntime {
             .await
             .map_err(|e| format!("compilation did not finish: {e}"))?
             .map_err(|e| format!("not a valid WebAssembly component: {}", root(&e)))?;
-        self.prelink(&component).map(|_| ())
+        let pre = self.prelink(&component)?;
+        Ok(Compiled { component, pre })
+    }
+
+    /// Keeps an upload's compiled component under its digest, in memory and in the disk
+    /// cache, so that its first firing on this host does not compile it again.
+    pub async fn keep_compiled(&self, digest: &str, compiled: Compiled) {
+        let path = self.cache_path(digest);
+        let component = compiled.component;
+        let _ = tokio::task::spawn_blocking(move || write_artifact(&path, &component)).await;
+        let cell = self.loaded.lock().expect("plugin cache").get(digest);
+        let _ = cell.set(compiled.pre);
     }
 
     fn prelink(&self, component: &Component) -> Result<ActionPre<Sandbox>, String> {
@@ -504,19 +516,7 @@ impl PluginRuntime {
                 let engine = self.engine.clone();
                 tokio::task::spawn_blocking(move || {
                     let component = Component::new(&engine, &bytes)?;
-                    if let Ok(mut serialized) = component.serialize() {
-                        // Followed by its checksum (see `checked_artifact`); written then
-                        // renamed, so another host process never reads half.
-                        let sum = Sha256::digest(&serialized);
-                        serialized.extend_from_slice(&sum);
-                        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-                        if std::fs::write(&tmp, serialized).is_ok() {
-                            let _ = std::fs::rename(&tmp, &path);
-                        }
-                        if let Some(dir) = path.parent() {
-                            prune_cache(dir);
-                        }
-                    }
+                    write_artifact(&path, &component);
                     Ok::<_, wasmtime::Error>(component)
                 })
                 .await
@@ -673,6 +673,29 @@ impl PluginRuntime {
             .ok_or_else(|| format!("no plugin `{spec}`"))?;
         let pre = self.load(&meta.digest).await.map_err(|f| f.message(spec))?;
         Ok((pre, meta))
+    }
+}
+
+/// A component compiled and linked by [`PluginRuntime::check`].
+pub struct Compiled {
+    component: Component,
+    pre: ActionPre<Sandbox>,
+}
+
+/// Writes a component's compiled artifact to the disk cache at `path`, followed by its
+/// checksum (see `checked_artifact`); written then renamed, so that another host process
+/// never reads half. Best effort: a cache that cannot be written only costs a compile.
+fn write_artifact(path: &std::path::Path, component: &Component) {
+    if let Ok(mut serialized) = component.serialize() {
+        let sum = Sha256::digest(&serialized);
+        serialized.extend_from_slice(&sum);
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, serialized).is_ok() {
+            let _ = std::fs::rename(&tmp, path);
+        }
+        if let Some(dir) = path.parent() {
+            prune_cache(dir);
+        }
     }
 }
 
