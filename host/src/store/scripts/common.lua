@@ -139,22 +139,26 @@ end
 -- supervisor's periodic look (queue_wake) finds room.
 local function waiting_key(queue) return PREFIX .. 'queue:' .. queue .. ':waiting' end
 
--- Moves up to N waiting tasks of a running queue back to due_tasks, oldest first.
--- Returns how many moved.
-local function wake_waiting(queue, n, notify_before_ms)
+-- Moves up to N tasks of a running queue from its waiting set WK back to due_tasks,
+-- oldest first. Returns how many moved.
+local function wake_from(queue, wk, n, notify_before_ms)
   if n <= 0 then return 0 end
-  local qk = PREFIX .. 'queue:' .. queue
-  if redis.call('HGET', qk, 'state') == 'paused' then return 0 end
-  local items = redis.call('ZRANGE', waiting_key(queue), 0, n - 1, 'WITHSCORES')
+  if redis.call('HGET', PREFIX .. 'queue:' .. queue, 'state') == 'paused' then return 0 end
+  local items = redis.call('ZRANGE', wk, 0, n - 1, 'WITHSCORES')
   if #items == 0 then return 0 end
   local ids = {}
   for i = 1, #items, 2 do
     ids[#ids + 1] = items[i]
     redis.call('ZADD', PREFIX .. 'due_tasks', items[i + 1], items[i])
   end
-  redis.call('ZREM', waiting_key(queue), unpack(ids))
+  redis.call('ZREM', wk, unpack(ids))
   notify_if_soon(items[2], notify_before_ms)
   return #ids
+end
+
+-- Moves up to N waiting tasks of a running queue back to due_tasks, oldest first.
+local function wake_waiting(queue, n, notify_before_ms)
+  return wake_from(queue, waiting_key(queue), n, notify_before_ms)
 end
 
 -- Per-key limits (a queue's `key`, `max_concurrent_per_key`, `rate_per_key`): a task
@@ -167,25 +171,21 @@ local function key_waiting_key(queue, ck)
   return PREFIX .. 'queue:' .. queue .. ':kwait:' .. ck
 end
 
+-- Drops key CK from the queue's `kwaiting` once its waiting set WK is empty.
+local function forget_idle_key(queue, ck, wk)
+  if redis.call('EXISTS', wk) == 0 then
+    redis.call('SREM', PREFIX .. 'queue:' .. queue .. ':kwaiting', ck)
+  end
+end
+
 -- Moves up to N of a key's waiting tasks back to due_tasks, oldest first (start_run
--- checks the key's limit again). Returns how many moved.
+-- checks the key's limit again), and drops the key from `kwaiting` once none waits.
+-- Returns how many moved.
 local function wake_key(queue, ck, n, notify_before_ms)
-  if n <= 0 then return 0 end
-  local qk = PREFIX .. 'queue:' .. queue
-  if redis.call('HGET', qk, 'state') == 'paused' then return 0 end
   local wk = key_waiting_key(queue, ck)
-  local items = redis.call('ZRANGE', wk, 0, n - 1, 'WITHSCORES')
-  local ids = {}
-  for i = 1, #items, 2 do
-    ids[#ids + 1] = items[i]
-    redis.call('ZADD', PREFIX .. 'due_tasks', items[i + 1], items[i])
-  end
-  if #ids > 0 then
-    redis.call('ZREM', wk, unpack(ids))
-    notify_if_soon(items[2], notify_before_ms)
-  end
-  if redis.call('EXISTS', wk) == 0 then redis.call('SREM', qk .. ':kwaiting', ck) end
-  return #ids
+  local moved = wake_from(queue, wk, n, notify_before_ms)
+  forget_idle_key(queue, ck, wk)
+  return moved
 end
 
 -- A task leaves whichever waiting set holds it (deleted, purged, or run by hand).
@@ -194,9 +194,7 @@ local function leave_waiting(queue, plan_id, pk)
   local ck = redis.call('HGET', pk, 'ck')
   if ck then
     local wk = key_waiting_key(queue, ck)
-    if redis.call('ZREM', wk, plan_id) == 1 and redis.call('EXISTS', wk) == 0 then
-      redis.call('SREM', PREFIX .. 'queue:' .. queue .. ':kwaiting', ck)
-    end
+    if redis.call('ZREM', wk, plan_id) == 1 then forget_idle_key(queue, ck, wk) end
   end
 end
 
