@@ -251,3 +251,92 @@ async fn a_repeat_of_a_call_whose_answer_was_lost_meets_what_it_booked() {
     let calls = sink.received().iter().filter(|r| tag(r) == "once").count();
     assert_eq!(calls, 1);
 }
+
+/// Every command Redis ran, with its arguments, since the slow log was set to log every
+/// command (`slowlog-log-slower-than 0`); commands run by scripts are there too.
+fn commands_run(redis: &RedisServer) -> String {
+    redis.cli(&["SLOWLOG", "GET", "100000"])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_keyed_booking_is_booked_and_recorded_in_one_script() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let keys = Keyspace::new(32);
+    redis.cli(&["CONFIG", "SET", "slowlog-max-len", "100000"]);
+    redis.cli(&["CONFIG", "SET", "slowlog-log-slower-than", "0"]);
+    let body = json!({"birth_time": rfc3339_ms(now_ms() + 3_600_000), "birth": hook("p")});
+
+    let (status, replayed, first) = post_keyed(&api, "/schedules", "key-p", &body).await;
+    assert_eq!((status, replayed), (200, false), "{first}");
+    // One script wrote the Life and the key's record, done at once: the two-step way
+    // would have marked it `pending` first. The id derived from the key has the record's
+    // shard as its home.
+    let log = commands_run(&redis);
+    assert!(log.contains("idem:key-p"), "{log}");
+    assert!(!log.contains("pending"), "{log}");
+    let uuid = first["life_uuid"].as_str().unwrap().to_string();
+    let record = record_key(&redis, "key-p");
+    assert!(
+        record.starts_with(&keys.life(&uuid).prefix),
+        "{record} vs {uuid}"
+    );
+    assert_eq!(redis.cli(&["HGET", &record, "state"]).trim(), "\"done\"");
+
+    // Repeats get the first answer and book nothing more; another body is refused.
+    let (status, replayed, again) = post_keyed(&api, "/schedules", "key-p", &body).await;
+    assert_eq!((status, replayed), (200, true), "{again}");
+    assert_eq!(again, first);
+    let other = json!({"birth_time": rfc3339_ms(now_ms() + 7_200_000), "birth": hook("p")});
+    let (status, _, reply) = post_keyed(&api, "/schedules", "key-p", &other).await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (422, Some("idempotency_key_reused"))
+    );
+    let (status, list) = api.get("/schedules?limit=10").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
+
+    // A record left pending by a call under way answers 409; one left long ago by a call
+    // that died is retaken, and the retake meets the Life that call booked.
+    redis.cli(&["HDEL", &record, "status", "body"]);
+    redis.cli(&[
+        "HSET",
+        &record,
+        "state",
+        "pending",
+        "at_ms",
+        "99999999999999",
+    ]);
+    let (status, _, reply) = post_keyed(&api, "/schedules", "key-p", &body).await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (409, Some("idempotency_key_in_progress"))
+    );
+    redis.cli(&["HSET", &record, "at_ms", "0"]);
+    let (status, replayed, retaken) = post_keyed(&api, "/schedules", "key-p", &body).await;
+    assert_eq!((status, replayed), (200, false), "{retaken}");
+    assert_eq!(retaken, first);
+    let (_, list) = api.get("/schedules?limit=10").await;
+    assert_eq!(list["items"].as_array().unwrap().len(), 1, "{list}");
+
+    // A refusal in the one step records nothing there; the general way records it, and a
+    // repeat gets the refusal again: here the key's derived id is taken by a Life booked
+    // without a key.
+    let taken = derived_plain_id(&keys, "key-q");
+    let mine = json!({"life_uuid": taken, "birth_time": rfc3339_ms(now_ms() + 3_600_000), "birth": hook("q")});
+    let (status, _) = api.post("/schedules", &mine).await;
+    assert_eq!(status, 200);
+    let (status, replayed, refused) = post_keyed(&api, "/schedules", "key-q", &body).await;
+    assert_eq!((status, replayed), (409, false), "{refused}");
+    assert_eq!(refused["error"]["code"], "duplicate_life_uuid");
+    let (status, replayed, _) = post_keyed(&api, "/schedules", "key-q", &body).await;
+    assert_eq!((status, replayed), (409, true));
+}
+
+/// The Life id a plain booking made under `key` derives (`derived_life_id`).
+fn derived_plain_id(keys: &Keyspace, key: &str) -> String {
+    kairos::bookings::idempotency::derived_life_id(key, keys.placement, None)
+}

@@ -52,20 +52,27 @@ pub(crate) async fn book_schedule(
 ) -> Result<Answer, ApiError> {
     let body = body_bytes(body, app.config.max_body_bytes)?;
     let body = &body;
-    idempotent(
-        app,
-        headers,
-        &[b"POST /schedules", body],
-        |key| async move {
-            let booked = app.bookings.book_json_keyed(body, key.as_deref()).await?;
-            tracing::debug!(life_uuid = %booked.life.life_uuid, debounced = booked.debounced, "booked");
-            let mut view = store::booked_view(&booked.life, app.config.timezone);
-            if booked.debounced {
-                view["debounced"] = true.into();
-            }
-            Ok((StatusCode::OK, view))
-        },
-    )
+    let parts: [&[u8]; 2] = [b"POST /schedules", body];
+    if let Some(key) = super::idempotency_key(headers)? {
+        let fingerprint = crate::bookings::idempotency::fingerprint(&parts);
+        let ttl_ms = app.config.idempotency_ttl.as_millis() as i64;
+        let one_step = app
+            .bookings
+            .book_json_idempotent(body, &key, &fingerprint, ttl_ms)
+            .await?;
+        if let Some(answer) = one_step {
+            return Ok(answer);
+        }
+    }
+    idempotent(app, headers, &parts, |key| async move {
+        let booked = app.bookings.book_json_keyed(body, key.as_deref()).await?;
+        tracing::debug!(life_uuid = %booked.life.life_uuid, debounced = booked.debounced, "booked");
+        let mut view = store::booked_view(&booked.life, app.config.timezone);
+        if booked.debounced {
+            view["debounced"] = true.into();
+        }
+        Ok((StatusCode::OK, view))
+    })
     .await
 }
 

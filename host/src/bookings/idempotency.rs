@@ -80,17 +80,44 @@ pub fn derived_id(key: &str, n: u32) -> String {
     hex::encode(&hash.finalize()[..16])
 }
 
-/// A Life id for the call made with `key`, in `resource_id`'s shard when it has one (as
-/// `request::new_life_uuid_for` draws fresh ids), the same on every repeat.
+/// A Life id for the call made with `key`, the same on every repeat: in `resource_id`'s
+/// shard when it has one (as `request::new_life_uuid_for` draws fresh ids), else in the
+/// shard of the key's record, so that the booking and its record are written by one
+/// script (`Store::book_idempotent`).
 pub fn derived_life_id(key: &str, placement: Placement, resource_id: Option<&str>) -> String {
-    let Some(rid) = resource_id else {
-        return derived_id(key, 0);
+    let want = match resource_id {
+        Some(rid) => placement.resource(rid),
+        None => placement.idempotency(key),
     };
-    let want = placement.resource(rid);
     (0..100_000)
         .map(|n| derived_id(key, n))
         .find(|id| placement.home(id) == want)
         .unwrap_or_else(|| derived_id(key, 0))
+}
+
+/// The answer to a call whose key's record answered: the first call's answer again, or
+/// the refusal of a reused key or of a call under way. `New` and `Retake` (the call goes
+/// ahead) are no answer and should not come here.
+pub fn found_answer(found: IdemBegin) -> Result<Answer, ApiError> {
+    match found {
+        IdemBegin::Replay { status, body } => Ok(Answer {
+            status: StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
+            body: serde_json::from_str(&body).unwrap_or(Value::Null),
+            replayed: true,
+        }),
+        IdemBegin::Reused => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            "this Idempotency-Key was used for another request; use a new key for a new request",
+        )),
+        IdemBegin::InProgress => Err(ApiError::conflict(
+            "idempotency_key_in_progress",
+            "a request with this Idempotency-Key is under way; try again in a few seconds for its answer",
+        )),
+        IdemBegin::New | IdemBegin::Retake => Err(ApiError::unavailable(
+            "an idempotency record answered neither a replay nor a refusal",
+        )),
+    }
 }
 
 /// Runs a booking call under an idempotency key, or plainly when `key` is None.
@@ -115,28 +142,12 @@ where
     let Some(key) = key else {
         return call(None).await.map(answer);
     };
-    match store.idem_begin(key, fingerprint, PENDING_MS, ttl_ms).await? {
-        IdemBegin::Replay { status, body } => {
-            return Ok(Answer {
-                status: StatusCode::from_u16(status).unwrap_or(StatusCode::OK),
-                body: serde_json::from_str(&body).unwrap_or(Value::Null),
-                replayed: true,
-            })
-        }
-        IdemBegin::Reused => {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "idempotency_key_reused",
-                "this Idempotency-Key was used for another request; use a new key for a new request",
-            ))
-        }
-        IdemBegin::InProgress => {
-            return Err(ApiError::conflict(
-                "idempotency_key_in_progress",
-                "a request with this Idempotency-Key is under way; try again in a few seconds for its answer",
-            ))
-        }
+    match store
+        .idem_begin(key, fingerprint, PENDING_MS, ttl_ms)
+        .await?
+    {
         IdemBegin::New | IdemBegin::Retake => {}
+        found => return found_answer(found),
     }
     let result = call(Some(key.to_string())).await;
     // What is recorded is replayed: a final answer, success or refusal. A 5xx is not
@@ -190,5 +201,8 @@ mod tests {
         assert_eq!(placement.home(&a), placement.resource("conn-1"));
         assert_eq!(a.len(), 32);
         assert_ne!(derived_id("k1", 0), derived_id("k1", 1));
+        let plain = derived_life_id("k1", placement, None);
+        assert_eq!(plain, derived_life_id("k1", placement, None));
+        assert_eq!(placement.home(&plain), placement.idempotency("k1"));
     }
 }

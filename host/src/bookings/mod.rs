@@ -13,7 +13,7 @@ use crate::error::ApiError;
 use crate::model::NewLife;
 use crate::outbound::OutboundPolicy;
 use crate::plugins::Registry;
-use crate::store::{CancelOutcome, Store};
+use crate::store::{CancelOutcome, IdemBooked, Store};
 use request::{self as booking, BookingRequest, Rules};
 
 /// What a booking call stored.
@@ -127,6 +127,58 @@ impl Bookings {
                     .await?;
                 Ok(Booked { life, debounced })
             }
+        }
+    }
+
+    /// `POST /schedules` under an `Idempotency-Key`, in one script when it can be
+    /// (`Store::book_idempotent`: a plain Life, whose id the key places in its record's
+    /// shard). None when the call must take the general way (`idempotency::run`): a body
+    /// refused here (that way records the refusal), a debounce, a resource or a given
+    /// life_uuid in another shard, or a record left by a call that died.
+    pub async fn book_json_idempotent(
+        &self,
+        body: &[u8],
+        key: &str,
+        fingerprint: &str,
+        ttl_ms: i64,
+    ) -> Result<Option<idempotency::Answer>, ApiError> {
+        if body.len() > self.config.max_body_bytes {
+            return Ok(None);
+        }
+        let Ok(request) = booking::parse_request(body) else {
+            return Ok(None);
+        };
+        let Ok(known) = self.registered_plugins(&request).await else {
+            return Ok(None);
+        };
+        let now_ms = self.clock.now_ms();
+        let exists = |spec: &str| known.contains(spec);
+        let Ok((life, None)) = request.into_booking(&self.rules(now_ms, &exists), Some(key)) else {
+            return Ok(None);
+        };
+        let view = crate::store::booked_view(&life, self.config.timezone);
+        let booked = self
+            .store
+            .book_idempotent(
+                &life,
+                now_ms,
+                self.config.execution_delay_guard_time.as_millis() as i64,
+                self.notify_before_ms(now_ms),
+                key,
+                fingerprint,
+                idempotency::PENDING_MS,
+                ttl_ms,
+                (200, &view.to_string()),
+            )
+            .await?;
+        match booked {
+            IdemBooked::Booked => Ok(Some(idempotency::Answer {
+                status: http::StatusCode::OK,
+                body: view,
+                replayed: false,
+            })),
+            IdemBooked::Found(found) => idempotency::found_answer(found).map(Some),
+            IdemBooked::TwoSteps => Ok(None),
         }
     }
 

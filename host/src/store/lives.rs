@@ -9,7 +9,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
-use super::{lives_member, rfc3339, Store};
+use super::{lives_member, rfc3339, IdemBegin, Store};
 use crate::error::ApiError;
 use crate::model::NewLife;
 use crate::model::{Action, PlanKind, ScheduleType};
@@ -200,6 +200,36 @@ impl Store {
         guard_ms: i64,
         notify_before_ms: i64,
     ) -> Result<(), Refusal> {
+        let mut invocation = self.scripts.book.prepare_invoke();
+        self.book_invocation(
+            &mut invocation,
+            shard,
+            life,
+            now_ms,
+            guard_ms,
+            notify_before_ms,
+            None,
+        );
+        let reply: Vec<String> = invocation
+            .invoke_async(&mut self.conn())
+            .await
+            .map_err(|e| Refusal::Api(ApiError::write_unknown(e)))?;
+        book_reply(life, &reply)
+    }
+
+    /// The keys and arguments of `book_life` (common.lua) for `life` in `shard`, with
+    /// the record of an `Idempotency-Key` after the fixed keys when one is given.
+    #[allow(clippy::too_many_arguments)]
+    fn book_invocation(
+        &self,
+        invocation: &mut redis::ScriptInvocation<'_>,
+        shard: u32,
+        life: &NewLife,
+        now_ms: i64,
+        guard_ms: i64,
+        notify_before_ms: i64,
+        idem_record: Option<&str>,
+    ) {
         let k = self.shard(shard);
         let uuid = &life.life_uuid;
         let rid = life.resource_id.as_deref().unwrap_or("");
@@ -209,7 +239,6 @@ impl Store {
             .as_ref()
             .map(|a| serde_json::to_string(a).expect("actions serialize"))
             .unwrap_or_default();
-        let mut invocation = self.scripts.book.prepare_invoke();
         invocation
             .key(k.life(uuid))
             .key(k.plan_of(uuid, PlanKind::Birth))
@@ -217,10 +246,13 @@ impl Store {
             .key(k.due())
             .key(k.lives())
             .key(k.resource(rid));
+        if let Some(record) = idem_record {
+            invocation.key(record);
+        }
         for name in plugin_names(life) {
             invocation.key(k.plugin_lives(name));
         }
-        let reply: Vec<String> = invocation
+        invocation
             .arg(&k.prefix)
             .arg(uuid)
             .arg(life.schedule_type.as_str())
@@ -234,21 +266,67 @@ impl Store {
             .arg(now_ms)
             .arg(guard_ms)
             .arg(notify_before_ms)
-            .arg(self.fmt(now_ms))
+            .arg(self.fmt(now_ms));
+    }
+
+    /// Books a Life under an `Idempotency-Key` in one script (`book_idem.lua`) when the
+    /// key's record and the Life share a shard: a plain Life whose id was derived from
+    /// the key ([`crate::bookings::idempotency::derived_life_id`]). `answer` is the body
+    /// answered on success, recorded for repeats. [`IdemBooked::TwoSteps`] when the call
+    /// must take the general way instead: another shard, a refusal (which that way
+    /// records), or a record left by a call that died.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn book_idempotent(
+        &self,
+        life: &NewLife,
+        now_ms: i64,
+        guard_ms: i64,
+        notify_before_ms: i64,
+        key: &str,
+        fingerprint: &str,
+        pending_ms: i64,
+        ttl_ms: i64,
+        answer: (u16, &str),
+    ) -> Result<IdemBooked, ApiError> {
+        let shard = self.life_shard(life);
+        if shard != self.placement.idempotency(key) || shard != self.placement.home(&life.life_uuid)
+        {
+            return Ok(IdemBooked::TwoSteps);
+        }
+        self.memory.check_room(shard)?;
+        let record = self.shard(shard).idempotency(key);
+        let mut invocation = self.scripts.book_idem.prepare_invoke();
+        self.book_invocation(
+            &mut invocation,
+            shard,
+            life,
+            now_ms,
+            guard_ms,
+            notify_before_ms,
+            Some(&record),
+        );
+        let reply: Vec<String> = invocation
+            .arg(fingerprint)
+            .arg(pending_ms)
+            .arg(ttl_ms)
+            .arg(answer.0)
+            .arg(answer.1)
             .invoke_async(&mut self.conn())
             .await
-            .map_err(|e| Refusal::Api(ApiError::write_unknown(e)))?;
-        match reply.first().map(String::as_str) {
-            Some("ok") => Ok(()),
-            Some("resource_conflict") => {
-                Err(Refusal::Api(super::conflict_error(rid, reply.get(1))))
+            .map_err(ApiError::write_unknown)?;
+        Ok(match reply.first().map(String::as_str) {
+            Some("ok") => {
+                self.wait_for_replicas(shard).await?;
+                IdemBooked::Booked
             }
-            Some("duplicate") => Err(Refusal::Api(duplicate(uuid))),
-            Some("pointer") => Err(Refusal::Pointer(reply.get(1).cloned().unwrap_or_default())),
-            other => Err(Refusal::Api(ApiError::unavailable(format!(
-                "unexpected reply from book: {other:?}"
-            )))),
-        }
+            Some("replay") if reply.len() == 3 => IdemBooked::Found(IdemBegin::Replay {
+                status: reply[1].parse().unwrap_or(200),
+                body: reply[2].clone(),
+            }),
+            Some("reused") => IdemBooked::Found(IdemBegin::Reused),
+            Some("in_progress") => IdemBooked::Found(IdemBegin::InProgress),
+            _ => IdemBooked::TwoSteps,
+        })
     }
 
     /// Writes the pointer from `uuid`'s home shard to `shard` before the Life is booked
@@ -911,6 +989,31 @@ enum Refusal {
     Api(ApiError),
     /// The id's home shard points elsewhere (the value).
     Pointer(String),
+}
+
+/// What `book_life` (common.lua) answered for `life`.
+fn book_reply(life: &NewLife, reply: &[String]) -> Result<(), Refusal> {
+    let rid = life.resource_id.as_deref().unwrap_or("");
+    match reply.first().map(String::as_str) {
+        Some("ok") => Ok(()),
+        Some("resource_conflict") => Err(Refusal::Api(super::conflict_error(rid, reply.get(1)))),
+        Some("duplicate") => Err(Refusal::Api(duplicate(&life.life_uuid))),
+        Some("pointer") => Err(Refusal::Pointer(reply.get(1).cloned().unwrap_or_default())),
+        other => Err(Refusal::Api(ApiError::unavailable(format!(
+            "unexpected reply from book: {other:?}"
+        )))),
+    }
+}
+
+/// What [`Store::book_idempotent`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdemBooked {
+    /// Booked, and the answer recorded for repeats.
+    Booked,
+    /// The key's record answered (a replay, a reused key, a call under way); nothing booked.
+    Found(IdemBegin),
+    /// Not done in one step: make the call the general way (idem_begin, call, idem_finish).
+    TwoSteps,
 }
 
 /// Whether `member` lies within a ZRANGEBYLEX-style range (`-`, `+`, `[x`, `(x`).

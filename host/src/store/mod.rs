@@ -41,7 +41,7 @@ mod timers;
 
 pub use conn::{Conn, Target, CLUSTER_SCHEME};
 pub use idempotency::IdemBegin;
-pub use lives::{booked_view, CancelOutcome, ListFilter};
+pub use lives::{booked_view, CancelOutcome, IdemBooked, ListFilter};
 pub use memory::{Durability, MemoryState, RedisMemory, REFUSE_AT, SHED_AT};
 pub use ownership::{preferred_host, ShardOwner, Takeover};
 pub use queues::{LeasedTask, NewTask, NewTaskWork, QueueCounts, TaskAddRefusal};
@@ -183,6 +183,7 @@ scripts!(
     migrate,
     idem_begin,
     idem_finish,
+    book_idem,
 );
 
 /// A script's text with `common.lua` prepended; a first line `#!lua flags=...` (Redis 7)

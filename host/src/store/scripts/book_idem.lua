@@ -1,0 +1,20 @@
+-- book_idem: a booking call made with an `Idempotency-Key`, in one step when the key's
+-- record and the Life share a shard (the Life id the call derives from the key is drawn
+-- to land there). It answers from the record when the key was used before; otherwise it
+-- books, and on success records the answer (pre-rendered by the caller) for repeats.
+-- A booking refused here records nothing: the caller then takes the two-step way
+-- (idem_begin, the call, idem_finish), which records the refusal. So does a record left
+-- `pending` by a host that died (`stale`): the two-step way retakes it.
+-- KEYS: those of book_life, then 7 the key's record, the plugin sets from KEYS[8]
+-- ARGV: those of book_life (1-14), then 15 fingerprint, 16 pending_ms, 17 ttl_ms,
+--       18 status and 19 body of the answer to record
+-- Returns book_life's answers, or {'reused'} | {'replay', status, body} |
+--   {'in_progress'} | {'stale'}
+local found = idem_lookup(KEYS[7], ARGV[15], ARGV[16], redis_now_ms())
+if found then return found end
+local booked = book_life(8)
+if booked[1] == 'ok' then
+  redis.call('HSET', KEYS[7], 'fp', ARGV[15], 'state', 'done', 'status', ARGV[18], 'body', ARGV[19])
+  redis.call('PEXPIRE', KEYS[7], ARGV[17])
+end
+return booked
