@@ -661,8 +661,11 @@ async fn local_times_are_read_in_the_configured_zone() {
     let tz1 = redis.keyspace().await.life("tz1").clone();
     let score: f64 = conn.zscore(tz1.due(), "tz1:birth").await.unwrap();
     assert_eq!(score as i64, 1_923_545_100_000);
-    let stored: String = conn.hget(tz1.life("tz1"), "birth_at").await.unwrap();
-    assert_eq!(stored, "2030-12-15T15:05:00+09:00");
+    // Redis keeps the instant only; the zone is the API's to render.
+    let stored: i64 = conn.hget(tz1.life("tz1"), "birth_at_ms").await.unwrap();
+    assert_eq!(stored, 1_923_545_100_000);
+    let (_, shown) = api.get("/schedules/tz1").await;
+    assert_eq!(shown["birth_time"], "2030-12-15T15:05:00+09:00", "{shown}");
     // A flat body with a term in local time, and the list filter in local time.
     let (status, t) = api
         .post("/schedules", &json!({"life_uuid": "tz3", "schedule_type": "term", "birth_time": "2030-12-16 09:00:00", "death_time": "2030-12-16 10:00:00", "birth_action": hook(), "death_action": hook()}))

@@ -159,13 +159,10 @@ impl Store {
             .arg(&k.prefix)
             .arg(&uuid)
             .arg(life.birth_at_ms)
-            .arg(self.fmt(life.birth_at_ms))
             .arg(serde_json::to_string(&life.birth_action).expect("actions serialize"))
             .arg(cap_ms)
-            .arg(self.fmt(cap_ms))
             .arg(now_ms)
             .arg(notify_before_ms)
-            .arg(self.fmt(now_ms))
             .arg(key)
             .arg(max_wait_ms + DEBOUNCE_RECORD_MARGIN_MS)
             .invoke_async(&mut self.conn())
@@ -258,15 +255,12 @@ impl Store {
             .arg(life.schedule_type.as_str())
             .arg(rid)
             .arg(life.birth_at_ms)
-            .arg(self.fmt(life.birth_at_ms))
             .arg(life.death_at_ms.map(|m| m.to_string()).unwrap_or_default())
-            .arg(life.death_at_ms.map(|m| self.fmt(m)).unwrap_or_default())
             .arg(birth_action)
             .arg(death_action)
             .arg(now_ms)
             .arg(guard_ms)
-            .arg(notify_before_ms)
-            .arg(self.fmt(now_ms));
+            .arg(notify_before_ms);
     }
 
     /// Books a Life under an `Idempotency-Key` in one script (`book_idem.lua`) when the
@@ -546,14 +540,12 @@ impl Store {
             .arg(version)
             .arg(new_rid)
             .arg(merged.birth_at_ms)
-            .arg(self.fmt(merged.birth_at_ms))
             .arg(
                 merged
                     .death_at_ms
                     .map(|m| m.to_string())
                     .unwrap_or_default(),
             )
-            .arg(merged.death_at_ms.map(|m| self.fmt(m)).unwrap_or_default())
             .arg(serde_json::to_string(&merged.birth_action).expect("actions serialize"))
             .arg(
                 merged
@@ -615,7 +607,6 @@ impl Store {
             .arg(&k.prefix)
             .arg(uuid)
             .arg(now_ms)
-            .arg(self.fmt(now_ms))
             .arg(if force { "1" } else { "0" })
             .arg(notify_before_ms)
             .invoke_async(&mut self.conn())
@@ -647,7 +638,7 @@ impl Store {
         let Some((_, life, birth, death)) = self.life_hashes(uuid).await? else {
             return Ok(None);
         };
-        let mut view = life_summary(uuid, &life);
+        let mut view = life_summary(uuid, &life, self.timezone);
         let plans: Vec<Value> = [(PlanKind::Birth, birth), (PlanKind::Death, death)]
             .iter()
             .filter(|(_, p)| !p.is_empty())
@@ -672,9 +663,17 @@ impl Store {
         };
         out.insert("kind".into(), Value::String(kind.as_str().into()));
         out.insert("state".into(), text("state"));
-        out.insert("fire_at".into(), text("fire_at"));
+        let fire_at_ms = p.get("fire_at_ms").and_then(|v| v.parse::<i64>().ok());
+        out.insert(
+            "fire_at".into(),
+            fire_at_ms
+                .map(|ms| Value::String(self.fmt(ms)))
+                .unwrap_or(Value::Null),
+        );
         out.insert("fire_at_ms".into(), num("fire_at_ms"));
-        out.insert("attempts".into(), num("attempts"));
+        // `attempts` is written with the first run.
+        let attempts = p.get("attempts").and_then(|v| v.parse::<i64>().ok());
+        out.insert("attempts".into(), attempts.unwrap_or(0).into());
         out.insert("last_status".into(), num("last_status"));
         out.insert("last_error".into(), text("last_error"));
         let next = match p.get("state").map(String::as_str) {
@@ -838,7 +837,11 @@ impl Store {
                         continue;
                     }
                 }
-                page.push(Value::Object(life_summary(&uuid_of(&member), &life)));
+                page.push(Value::Object(life_summary(
+                    &uuid_of(&member),
+                    &life,
+                    self.timezone,
+                )));
                 if page.len() == filter.limit {
                     full = true;
                     break;
@@ -1032,7 +1035,9 @@ pub(crate) fn lex_in_range(member: &str, min: &str, max: &str) -> bool {
 }
 
 /// The fields of a Life common to the list and the detail view.
-fn life_summary(uuid: &str, life: &Hash) -> Map<String, Value> {
+/// What the API shows of a Life, from its hash; times are kept in ms and rendered here
+/// in `tz` (hashes written before 0.2 also kept an RFC 3339 `created_at`).
+fn life_summary(uuid: &str, life: &Hash, tz: chrono_tz::Tz) -> Map<String, Value> {
     let mut out = Map::new();
     let text = |k: &str| {
         life.get(k)
@@ -1050,11 +1055,21 @@ fn life_summary(uuid: &str, life: &Hash) -> Map<String, Value> {
     out.insert("schedule_type".into(), text("schedule_type"));
     out.insert("state".into(), text("state"));
     out.insert("resource_id".into(), text("resource_id"));
-    out.insert("birth_time".into(), text("birth_at"));
+    let time = |k: &str| {
+        life.get(k)
+            .and_then(|v| v.parse::<i64>().ok())
+            .map(|ms| Value::String(rfc3339(ms, tz)))
+            .unwrap_or(Value::Null)
+    };
+    out.insert("birth_time".into(), time("birth_at_ms"));
     out.insert("birth_time_ms".into(), num("birth_at_ms"));
-    out.insert("death_time".into(), text("death_at"));
+    out.insert("death_time".into(), time("death_at_ms"));
     out.insert("death_time_ms".into(), num("death_at_ms"));
-    out.insert("created_at".into(), text("created_at"));
+    let created = match time("created_at_ms") {
+        Value::Null => text("created_at"),
+        at => at,
+    };
+    out.insert("created_at".into(), created);
     out.insert("updated_at_ms".into(), num("updated_at_ms"));
     if life.contains_key("finished_at_ms") {
         out.insert("finished_at_ms".into(), num("finished_at_ms"));

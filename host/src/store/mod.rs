@@ -649,7 +649,6 @@ impl Store {
             .arg(&k.prefix)
             .arg(host)
             .arg(now_ms)
-            .arg(self.fmt(now_ms))
             .arg(notify_before_ms)
             .arg(self.runs_max_len);
         for run in runs {
@@ -665,18 +664,11 @@ impl Store {
                 .map(|(_, k)| k.as_str())
                 .unwrap_or("birth");
             let record = run_record_json(host, kind, r);
-            // The RFC 3339 form is needed only where the script writes a new fire time.
-            let next_rfc = if matches!(run.outcome, RunOutcome::Retry { .. }) {
-                self.fmt(next_ms)
-            } else {
-                String::new()
-            };
             invocation
                 .arg(&run.plan.plan_id)
                 .arg(&run.plan.claim)
                 .arg(outcome)
                 .arg(next_ms)
-                .arg(next_rfc)
                 .arg(r.status.map(|s| s.to_string()).unwrap_or_default())
                 .arg(r.error.as_deref().unwrap_or(""))
                 .arg(r.attempt)

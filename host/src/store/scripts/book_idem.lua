@@ -6,15 +6,15 @@
 -- (idem_begin, the call, idem_finish), which records the refusal. So does a record left
 -- `pending` by a host that died (`stale`): the two-step way retakes it.
 -- KEYS: those of book_life, then 7 the key's record, the plugin sets from KEYS[8]
--- ARGV: those of book_life (1-14), then 15 fingerprint, 16 pending_ms, 17 ttl_ms,
---       18 status and 19 body of the answer to record
+-- ARGV: those of book_life (1-11), then 12 fingerprint, 13 pending_ms, 14 ttl_ms,
+--       15 status and 16 body of the answer to record
 -- Returns book_life's answers, or {'reused'} | {'replay', status, body} |
 --   {'in_progress'} | {'stale'}
-local found = idem_lookup(KEYS[7], ARGV[15], ARGV[16], redis_now_ms())
+local found = idem_lookup(KEYS[7], ARGV[12], ARGV[13], redis_now_ms())
 if found then return found end
 local booked = book_life(8)
 if booked[1] == 'ok' then
-  redis.call('HSET', KEYS[7], 'fp', ARGV[15], 'state', 'done', 'status', ARGV[18], 'body', ARGV[19])
-  redis.call('PEXPIRE', KEYS[7], ARGV[17])
+  redis.call('HSET', KEYS[7], 'fp', ARGV[12], 'state', 'done', 'status', ARGV[15], 'body', ARGV[16])
+  redis.call('PEXPIRE', KEYS[7], ARGV[14])
 end
 return booked

@@ -5,9 +5,9 @@
 -- Life ends without running anything more (Stillbirth before birth, Dead after) — unless
 -- a Plan is running: then 'running' (409), try again when it returns.
 -- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due
--- ARGV: 1 prefix, 2 uuid, 3 now_ms, 4 now_rfc, 5 force (1/0), 6 notify_before_ms
+-- ARGV: 1 prefix, 2 uuid, 3 now_ms, 4 force (1/0), 5 notify_before_ms
 -- Returns {'ok', new_state} | {'missing'} | {'finished', state} | {'running'}
-local uuid, now_ms, force = ARGV[2], ARGV[3], ARGV[5] == '1'
+local uuid, now_ms, force = ARGV[2], ARGV[3], ARGV[4] == '1'
 local f = redis.call('HMGET', KEYS[1], 'state', 'schedule_type')
 local state, stype = f[1], f[2]
 if not state then return {'missing'} end
@@ -47,7 +47,7 @@ if force then
 end
 redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'updated_at_ms', now_ms)
 release_claim(KEYS[3], uuid .. ':death')
-redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', now_ms, 'fire_at', ARGV[4])
+redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', now_ms)
 redis.call('ZADD', KEYS[4], now_ms, uuid .. ':death')
-notify_if_soon(now_ms, ARGV[6])
+notify_if_soon(now_ms, ARGV[5])
 return {'ok', 'Alive'}

@@ -115,14 +115,14 @@ end
 -- Books the callback of a Plan that finished for good (model::Callbacks): a point Life
 -- `uuid`, due at once, in this shard (the host drew the id to have this shard as its
 -- home). Nothing when UUID is '' or the Life exists (a finish written twice).
-local function book_callback(uuid, action, of, now_ms, now_rfc, notify_before_ms)
+local function book_callback(uuid, action, of, now_ms, notify_before_ms)
   if uuid == '' then return end
   local lk = life_key(uuid)
   if redis.call('EXISTS', lk) == 1 then return end
   redis.call('HSET', lk, 'schedule_type', 'point', 'state', 'Inexistent', 'birth_at_ms', now_ms,
-    'birth_at', now_rfc, 'created_at', now_rfc, 'callback_of', of)
+    'created_at_ms', now_ms, 'callback_of', of)
   redis.call('HSET', plan_key(uuid .. ':birth'), 'state', 'Standby', 'fire_at_ms', now_ms,
-    'fire_at', now_rfc, 'action', action, 'attempts', 0)
+    'action', action)
   redis.call('ZADD', PREFIX .. 'due', now_ms, uuid .. ':birth')
   redis.call('ZADD', PREFIX .. 'lives', 0, lives_member(now_ms, uuid))
   local ok, a = pcall(cjson.decode, action)
@@ -289,18 +289,16 @@ end
 -- Books a Life and its Plans, or nothing (the body of book.lua, shared with book_idem.lua).
 -- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due, 5 lives, 6 resource index,
 --       FIRST_PLUGIN_KEY.. the `plugin-lives:{name}` sets of the plugins the actions use
--- ARGV: 1 prefix, 2 uuid, 3 schedule_type, 4 resource_id ('' = none),
---       5 birth_ms, 6 birth_rfc, 7 death_ms ('' for point), 8 death_rfc,
---       9 birth action JSON, 10 death action JSON, 11 now_ms, 12 guard_ms,
---       13 notify_before_ms, 14 created_at rfc (11 now_ms is unused here but kept
---       for the argument order shared with patch)
+-- ARGV: 1 prefix, 2 uuid, 3 schedule_type, 4 resource_id ('' = none), 5 birth_ms,
+--       6 death_ms ('' for point), 7 birth action JSON, 8 death action JSON, 9 now_ms,
+--       10 guard_ms, 11 notify_before_ms (the order patch.lua's arguments begin with)
 -- Returns {'ok'} | {'resource_conflict', other_uuid} | {'duplicate'} |
 --   {'pointer', value}: this is the id's home shard and it points to another shard
 --   (the Life is there, or was, or is being booked there)
 local function book_life(first_plugin_key)
   local uuid, rid = ARGV[2], ARGV[4]
-  local birth_ms, death_ms = tonumber(ARGV[5]), tonumber(ARGV[7])
-  local guard = tonumber(ARGV[12])
+  local birth_ms, death_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local guard = tonumber(ARGV[10])
   if rid ~= '' then
     local other = resource_conflict(KEYS[6], birth_ms - guard, (death_ms or birth_ms) + guard, uuid)
     if other then return {'resource_conflict', other} end
@@ -310,12 +308,12 @@ local function book_life(first_plugin_key)
   if pointer then return {'pointer', pointer} end
 
   -- The uuid and the Plan kind are in the key names; fields hold only what they do not
-  -- say, so that a pending booking stays small (see docs/redis-layout.md). `version` and
-  -- `updated_at_ms` appear with the first change.
+  -- say, times in ms only (the API renders them), so that a pending booking stays small
+  -- (see docs/redis-layout.md). `attempts` appears with the first run, `version` and
+  -- `updated_at_ms` with the first change.
   redis.call('HSET', KEYS[1], 'schedule_type', ARGV[3], 'state', 'Inexistent',
-    'birth_at_ms', ARGV[5], 'birth_at', ARGV[6], 'created_at', ARGV[14])
-  redis.call('HSET', KEYS[2], 'state', 'Standby',
-    'fire_at_ms', ARGV[5], 'fire_at', ARGV[6], 'action', ARGV[9], 'attempts', 0)
+    'birth_at_ms', ARGV[5], 'created_at_ms', ARGV[9])
+  redis.call('HSET', KEYS[2], 'state', 'Standby', 'fire_at_ms', ARGV[5], 'action', ARGV[7])
   if rid ~= '' then
     redis.call('HSET', KEYS[1], 'resource_id', rid)
     redis.call('HSET', KEYS[2], 'resource_id', rid)
@@ -324,10 +322,9 @@ local function book_life(first_plugin_key)
     if death_ms then redis.call('ZADD', order_key(rid), death_ms, uuid .. ':death') end
   end
   if death_ms then
-    redis.call('HSET', KEYS[1], 'death_at_ms', ARGV[7], 'death_at', ARGV[8])
+    redis.call('HSET', KEYS[1], 'death_at_ms', ARGV[6])
     -- The death Plan waits outside the due set until birth is done (finish_run adds it).
-    redis.call('HSET', KEYS[3], 'state', 'Standby',
-      'fire_at_ms', ARGV[7], 'fire_at', ARGV[8], 'action', ARGV[10], 'attempts', 0)
+    redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', ARGV[6], 'action', ARGV[8])
     if rid ~= '' then redis.call('HSET', KEYS[3], 'resource_id', rid) end
     -- Tells finish_run that this birth makes the Life Alive rather than Dead.
     redis.call('HSET', KEYS[2], 'term', 1)
@@ -335,7 +332,7 @@ local function book_life(first_plugin_key)
   redis.call('ZADD', KEYS[4], birth_ms, uuid .. ':birth')
   redis.call('ZADD', KEYS[5], 0, lives_member(ARGV[5], uuid))
   for i = first_plugin_key, #KEYS do redis.call('SADD', KEYS[i], uuid) end
-  notify_if_soon(ARGV[5], ARGV[13])
+  notify_if_soon(ARGV[5], ARGV[11])
   return {'ok'}
 end
 

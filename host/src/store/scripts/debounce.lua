@@ -7,12 +7,12 @@
 -- record, the Lives and their Plans are in the key's shard.
 -- KEYS: 1 debounce record, 2 new life, 3 new birth plan, 4 due, 5 lives,
 --       6.. the `plugin-lives:{name}` sets of the plugins the action uses
--- ARGV: 1 prefix, 2 new uuid, 3 birth_ms (now + period), 4 birth_rfc, 5 action JSON,
---       6 cap_ms (now + max_wait), 7 cap_rfc, 8 now_ms, 9 notify_before_ms,
---       10 created_at rfc, 11 debounce key, 12 record expiry ms (past the cap)
--- Returns {'debounced', uuid, fire_ms, fire_rfc} | {'booked'} | {'duplicate'}
-local rec = redis.call('HMGET', KEYS[1], 'life', 'cap_ms', 'cap_at')
-local fire_ms, fire_at, action = tonumber(ARGV[3]), ARGV[4], ARGV[5]
+-- ARGV: 1 prefix, 2 new uuid, 3 birth_ms (now + period), 4 action JSON,
+--       5 cap_ms (now + max_wait), 6 now_ms, 7 notify_before_ms, 8 debounce key,
+--       9 record expiry ms (past the cap)
+-- Returns {'debounced', uuid, fire_ms} | {'booked'} | {'duplicate'}
+local rec = redis.call('HMGET', KEYS[1], 'life', 'cap_ms')
+local fire_ms, action = tonumber(ARGV[3]), ARGV[4]
 if rec[1] then
   local uuid = rec[1]
   local lk, plan_id = life_key(uuid), uuid .. ':birth'
@@ -21,33 +21,30 @@ if rec[1] then
   local bstate = redis.call('HGET', pk, 'state')
   if life[1] == 'Inexistent' and life[3] ~= '1' and (bstate == 'Standby' or bstate == 'Preset') then
     local cap = tonumber(rec[2])
-    if cap < fire_ms then fire_ms, fire_at = cap, rec[3] end
+    if cap < fire_ms then fire_ms = cap end
     release_claim(pk, plan_id)
-    redis.call('HSET', pk, 'state', 'Standby', 'fire_at_ms', fire_ms, 'fire_at', fire_at,
-      'action', action)
+    redis.call('HSET', pk, 'state', 'Standby', 'fire_at_ms', fire_ms, 'action', action)
     redis.call('ZADD', KEYS[4], fire_ms, plan_id)
     redis.call('ZREM', KEYS[5], lives_member(life[2], uuid))
     redis.call('ZADD', KEYS[5], 0, lives_member(tostring(fire_ms), uuid))
-    redis.call('HSET', lk, 'birth_at_ms', fire_ms, 'birth_at', fire_at, 'updated_at_ms', ARGV[8])
+    redis.call('HSET', lk, 'birth_at_ms', fire_ms, 'updated_at_ms', ARGV[6])
     redis.call('HINCRBY', lk, 'version', 1)
     redis.call('HINCRBY', lk, 'debounced', 1)
     for i = 6, #KEYS do redis.call('SADD', KEYS[i], uuid) end
-    notify_if_soon(fire_ms, ARGV[9])
-    return {'debounced', uuid, tostring(fire_ms), fire_at}
+    notify_if_soon(fire_ms, ARGV[7])
+    return {'debounced', uuid, tostring(fire_ms)}
   end
 end
 local uuid = ARGV[2]
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'duplicate'} end
 redis.call('HSET', KEYS[2], 'schedule_type', 'point', 'state', 'Inexistent',
-  'birth_at_ms', ARGV[3], 'birth_at', ARGV[4], 'created_at', ARGV[10],
-  'debounce_key', ARGV[11])
-redis.call('HSET', KEYS[3], 'state', 'Standby',
-  'fire_at_ms', ARGV[3], 'fire_at', ARGV[4], 'action', action, 'attempts', 0)
+  'birth_at_ms', ARGV[3], 'created_at_ms', ARGV[6], 'debounce_key', ARGV[8])
+redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', ARGV[3], 'action', action)
 redis.call('ZADD', KEYS[4], ARGV[3], uuid .. ':birth')
 redis.call('ZADD', KEYS[5], 0, lives_member(ARGV[3], uuid))
 for i = 6, #KEYS do redis.call('SADD', KEYS[i], uuid) end
 redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[1], 'life', uuid, 'cap_ms', ARGV[6], 'cap_at', ARGV[7])
-redis.call('PEXPIRE', KEYS[1], ARGV[12])
-notify_if_soon(ARGV[3], ARGV[9])
+redis.call('HSET', KEYS[1], 'life', uuid, 'cap_ms', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[9])
+notify_if_soon(ARGV[3], ARGV[7])
 return {'booked'}

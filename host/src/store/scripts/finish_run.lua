@@ -15,17 +15,17 @@
 -- A call retried after its reply was lost finds its own `done_by` mark on the Plan and
 -- answers 'ok' again without writing anything twice.
 -- KEYS: 1 held, 2 due, 3 runs
--- ARGV: 1 prefix, 2 host, 3 now_ms, 4 now_rfc, 5 notify_before_ms, 6 runs stream max
---       length, then per run 12 values: plan_id, claim, outcome, next_ms, next_rfc,
+-- ARGV: 1 prefix, 2 host, 3 now_ms, 4 notify_before_ms, 5 runs stream max
+--       length, then per run 11 values: plan_id, claim, outcome, next_ms,
 --       status ('' = none), error ('' = none), attempt, history outcome word, record JSON,
 --       callback Life id and action ('' = none: see book_callback), booked with the
 --       outcome it reports
 -- Returns per run: 'ok' | 'lost'
 local RUNS_KEPT = 50
-local host, now_ms, now_rfc, notify_before = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
 local out, done_ids = {}, {}
 
-local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, attempt, word, record,
+local function apply(plan_id, claim, outcome, next_ms, status, err, attempt, word, record,
     callback, callback_action)
   local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
   local lk = life_key(uuid)
@@ -39,7 +39,7 @@ local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, at
   end
   local run_field = 'run:' .. kind .. ':' .. attempt
   local function add_history()
-    add_run(KEYS[3], ARGV[6], 'life', uuid, 'plan', kind, 'outcome', word, 'record', record)
+    add_run(KEYS[3], ARGV[5], 'life', uuid, 'plan', kind, 'outcome', word, 'record', record)
     if attempt > RUNS_KEPT then redis.call('HDEL', lk, 'run:' .. kind .. ':' .. (attempt - RUNS_KEPT)) end
   end
   if f[1] ~= 'Running' or f[2] ~= host or f[3] ~= claim then
@@ -72,7 +72,7 @@ local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, at
     if f[5] == '1' then cancel_plan(uuid .. ':death') end
     finish_life(lk, uuid, 'Stillbirth', now_ms, run_field, record)
   elseif outcome == 'retry' then
-    redis.call('HSET', pk, 'state', 'Standby', 'fire_at_ms', next_ms, 'fire_at', next_rfc, unpack(plan_fields))
+    redis.call('HSET', pk, 'state', 'Standby', 'fire_at_ms', next_ms, unpack(plan_fields))
     redis.call('ZADD', KEYS[2], next_ms, plan_id)
     redis.call('HSET', lk, 'updated_at_ms', now_ms, run_field, record)
     notify_if_soon(next_ms, notify_before)
@@ -85,7 +85,7 @@ local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, at
       local death_ms = redis.call('HGET', dk, 'fire_at_ms')
       if redis.call('HGET', lk, 'cancel_requested') == '1' then
         death_ms = now_ms
-        redis.call('HSET', dk, 'fire_at_ms', now_ms, 'fire_at', now_rfc)
+        redis.call('HSET', dk, 'fire_at_ms', now_ms)
       end
       redis.call('HSET', lk, 'state', 'Alive', 'updated_at_ms', now_ms, run_field, record)
       redis.call('ZADD', KEYS[2], death_ms, uuid .. ':death')
@@ -104,15 +104,14 @@ local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, at
     end
   end
   if outcome ~= 'retry' then
-    book_callback(callback, callback_action, plan_id, now_ms, now_rfc, notify_before)
+    book_callback(callback, callback_action, plan_id, now_ms, notify_before)
   end
   return 'ok'
 end
 
-for i = 7, #ARGV, 12 do
+for i = 6, #ARGV, 11 do
   out[#out + 1] = apply(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
-    ARGV[i + 5], ARGV[i + 6], tonumber(ARGV[i + 7]), ARGV[i + 8], ARGV[i + 9],
-    ARGV[i + 10], ARGV[i + 11])
+    ARGV[i + 5], tonumber(ARGV[i + 6]), ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10])
 end
 if #done_ids > 0 then redis.call('ZREM', KEYS[1], unpack(done_ids)) end
 return out

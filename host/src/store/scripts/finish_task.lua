@@ -51,7 +51,7 @@ local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, wo
     redis.call('ZADD', qk .. ':failed', now_ms, task)
   end
   if outcome ~= 'retry' then
-    book_callback(callback, callback_action, plan_id, now_ms, now_rfc, notify_before)
+    book_callback(callback, callback_action, plan_id, now_ms, notify_before)
   end
   return 'ok'
 end

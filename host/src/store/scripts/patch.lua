@@ -4,18 +4,17 @@
 --       7 new resource index, 8.. the `plugin-lives:{name}` sets of the plugins the
 --       new actions use
 -- ARGV: 1 prefix, 2 uuid, 3 expected version, 4 new resource_id ('' = none),
---       5 birth_ms, 6 birth_rfc, 7 death_ms ('' for point), 8 death_rfc,
---       9 birth action JSON, 10 death action JSON, 11 now_ms, 12 guard_ms,
---       13 notify_before_ms, 14 birth changed (1/0), 15 death changed (1/0),
---       16 resource changed (1/0)
+--       5 birth_ms, 6 death_ms ('' for point), 7 birth action JSON, 8 death action JSON,
+--       9 now_ms, 10 guard_ms, 11 notify_before_ms, 12 birth changed (1/0),
+--       13 death changed (1/0), 14 resource changed (1/0)
 -- Returns {'ok'} | {'changed'} | {'cancelled'} | {'not_pending', plan} | {'resource_conflict', other}
 local uuid = ARGV[2]
 local life = redis.call('HMGET', KEYS[1], 'version', 'state', 'birth_at_ms', 'cancel_requested')
 if (life[1] or '0') ~= ARGV[3] then return {'changed'} end
 -- After a DELETE, the Life is on its way out: its death must not be moved back.
 if life[4] == '1' then return {'cancelled'} end
-local birth_changed, death_changed = ARGV[14] == '1', ARGV[15] == '1'
-local resource_changed = ARGV[16] == '1'
+local birth_changed, death_changed = ARGV[12] == '1', ARGV[13] == '1'
+local resource_changed = ARGV[14] == '1'
 local bstate = redis.call('HGET', KEYS[2], 'state')
 local dstate = redis.call('HGET', KEYS[3], 'state')
 local function pending(s) return s == 'Standby' or s == 'Preset' end
@@ -24,8 +23,8 @@ if (birth_changed or resource_changed) and not (life[2] == 'Inexistent' and pend
 end
 if death_changed and not pending(dstate) then return {'not_pending', 'death'} end
 
-local birth_ms, death_ms = tonumber(ARGV[5]), tonumber(ARGV[7])
-local guard = tonumber(ARGV[12])
+local birth_ms, death_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
+local guard = tonumber(ARGV[10])
 if ARGV[4] ~= '' then
   local other = resource_conflict(KEYS[7], birth_ms - guard, (death_ms or birth_ms) + guard, uuid)
   if other then return {'resource_conflict', other} end
@@ -33,23 +32,23 @@ end
 
 if birth_changed then
   release_claim(KEYS[2], uuid .. ':birth')
-  redis.call('HSET', KEYS[2], 'state', 'Standby', 'fire_at_ms', ARGV[5], 'fire_at', ARGV[6],
-    'action', ARGV[9])
+  redis.call('HSET', KEYS[2], 'state', 'Standby', 'fire_at_ms', ARGV[5],
+    'action', ARGV[7])
   redis.call('ZADD', KEYS[4], birth_ms, uuid .. ':birth')
   redis.call('ZREM', KEYS[5], lives_member(life[3], uuid))
   redis.call('ZADD', KEYS[5], 0, lives_member(ARGV[5], uuid))
-  redis.call('HSET', KEYS[1], 'birth_at_ms', ARGV[5], 'birth_at', ARGV[6])
-  notify_if_soon(ARGV[5], ARGV[13])
+  redis.call('HSET', KEYS[1], 'birth_at_ms', ARGV[5])
+  notify_if_soon(ARGV[5], ARGV[11])
 end
 if death_changed then
   release_claim(KEYS[3], uuid .. ':death')
-  redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', ARGV[7], 'fire_at', ARGV[8],
-    'action', ARGV[10])
-  redis.call('HSET', KEYS[1], 'death_at_ms', ARGV[7], 'death_at', ARGV[8])
+  redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', ARGV[6],
+    'action', ARGV[8])
+  redis.call('HSET', KEYS[1], 'death_at_ms', ARGV[6])
   -- Only an Alive Life's death Plan is in the due set.
   if life[2] == 'Alive' then
     redis.call('ZADD', KEYS[4], death_ms, uuid .. ':death')
-    notify_if_soon(ARGV[7], ARGV[13])
+    notify_if_soon(ARGV[6], ARGV[11])
   end
 end
 -- The resource's order set follows the Plans' new times (and resource).
@@ -81,6 +80,6 @@ if resource_changed or birth_changed then
   end
 end
 redis.call('HINCRBY', KEYS[1], 'version', 1)
-redis.call('HSET', KEYS[1], 'updated_at_ms', ARGV[11])
+redis.call('HSET', KEYS[1], 'updated_at_ms', ARGV[9])
 for i = 8, #KEYS do redis.call('SADD', KEYS[i], uuid) end
 return {'ok'}
