@@ -186,6 +186,12 @@ pub struct ServeArgs {
     /// limit].
     #[arg(long, env = "KAIROS_HISTORY_MAX_LIVES")]
     pub history_max_lives: Option<String>,
+    /// Keep the history (finished Lives with their Plans and runs) within about this
+    /// many bytes of Redis memory, such as 512mb or 2gb, besides the retention by age and
+    /// count; the oldest go first. Estimated from MEMORY USAGE of a sample, every 10 s,
+    /// and split evenly over the shards [default: no limit].
+    #[arg(long, env = "KAIROS_HISTORY_MAX_BYTES")]
+    pub history_max_bytes: Option<String>,
     /// Also serve /metrics, without a token, on this address (e.g. 0.0.0.0:9090 for
     /// Prometheus); /metrics stays on --listen too, under the read scope.
     #[arg(long, env = "KAIROS_METRICS_LISTEN")]
@@ -281,6 +287,8 @@ pub struct Config {
     pub min_replicas_ack: u32,
     /// Most finished Lives kept as history (None: only the retention by age).
     pub history_max_lives: Option<u64>,
+    /// Most bytes of Redis the history may take (None: no bound by size).
+    pub history_max_bytes: Option<u64>,
     /// Where /metrics is also served, without a token.
     pub metrics_listen: Option<SocketAddr>,
     /// Start even when Redis may evict keys.
@@ -380,6 +388,7 @@ const KNOWN_KEYS: &[&str] = &[
     "shards",
     "min_replicas_ack",
     "history_max_lives",
+    "history_max_bytes",
     "metrics_listen",
     "allow_eviction",
     "redis_maxmemory",
@@ -403,6 +412,32 @@ fn parse_memory_size(text: &str) -> Result<String, ConfigError> {
         )));
     }
     Ok(size)
+}
+
+/// A size as redis-server reads one, in bytes: a number alone, or with `k`/`m`/`g`
+/// (powers of 1000) or `kb`/`mb`/`gb` (powers of 1024), in any case. None when it is not
+/// such a size, or is 0.
+pub fn memory_size_bytes(text: &str) -> Option<u64> {
+    let size = text.trim().to_ascii_lowercase();
+    let digits = size.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = match &size[digits.len()..] {
+        "" | "b" => 1,
+        "k" => 1_000,
+        "kb" => 1 << 10,
+        "m" => 1_000_000,
+        "mb" => 1 << 20,
+        "g" => 1_000_000_000,
+        "gb" => 1 << 30,
+        _ => return None,
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|n| *n > 0)
 }
 
 /// Parses a duration: a plain number (fractions allowed) in `unit`, or a humantime string
@@ -689,6 +724,14 @@ impl Config {
                 ),
                 None => None,
             },
+            history_max_bytes: match r.pick("history_max_bytes", &args.history_max_bytes) {
+                Some(text) => Some(memory_size_bytes(&text).ok_or_else(|| {
+                    ConfigError(format!(
+                        "history_max_bytes: `{text}` is not a size such as 512mb or 2gb"
+                    ))
+                })?),
+                None => None,
+            },
             metrics_listen: match r.pick("metrics_listen", &args.metrics_listen) {
                 Some(text) => Some(text.parse().map_err(|_| {
                     ConfigError(format!(
@@ -911,6 +954,30 @@ mod tests {
             "99999999999999999999",
         ] {
             assert!(parse_memory_size(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn history_may_be_bounded_by_a_size_as_redis_writes_sizes() {
+        assert_eq!(Config::default().history_max_bytes, None);
+        let with = |text: &str| {
+            Config::resolve(&ServeArgs {
+                history_max_bytes: Some(text.into()),
+                ..ServeArgs::default()
+            })
+        };
+        assert_eq!(with("512mb").unwrap().history_max_bytes, Some(512 << 20));
+        assert_eq!(with("2G").unwrap().history_max_bytes, Some(2_000_000_000));
+        assert_eq!(with("4096").unwrap().history_max_bytes, Some(4096));
+        for bad in [
+            "0",
+            "-1mb",
+            "much",
+            "1.5gb",
+            "1 gb",
+            "99999999999999999999gb",
+        ] {
+            assert!(with(bad).is_err(), "{bad}");
         }
     }
 

@@ -42,6 +42,10 @@ const AUDIT_GRACE_MS: i64 = 2_000;
 const RELEASE_BATCH: usize = 1000;
 /// Pause between two looks at how full Redis is.
 const MEMORY_LOOK_EVERY: Duration = Duration::from_secs(1);
+/// How often the history's size is estimated, under `--history-max-bytes`.
+const HISTORY_SIZE_EVERY: Duration = Duration::from_secs(10);
+/// Finished Lives sampled per shard for that estimate.
+const HISTORY_SAMPLE: usize = 16;
 /// The same once some shard's Redis is past `MEMORY_CLOSE_AT` thousandths of its
 /// maxmemory: bookings arriving at full speed must not outrun the look.
 const MEMORY_LOOK_EVERY_CLOSE: Duration = Duration::from_millis(100);
@@ -439,6 +443,7 @@ impl Engine {
     /// Redis is past `SHED_AT`; and keeps their history within `--history-max-lives`.
     pub(crate) async fn memory_watch(self: Arc<Self>, mut shutdown: ShutdownSignal) {
         let mut last_warning: Option<tokio::time::Instant> = None;
+        let mut last_sized: Option<tokio::time::Instant> = None;
         loop {
             let close = match self.store.read_memory().await {
                 Ok(seen) => {
@@ -460,6 +465,10 @@ impl Engine {
                 }
             };
             self.trim_history().await;
+            if last_sized.is_none_or(|t| t.elapsed() >= HISTORY_SIZE_EVERY) {
+                last_sized = Some(tokio::time::Instant::now());
+                self.trim_history_bytes().await;
+            }
             let pause = if close {
                 MEMORY_LOOK_EVERY_CLOSE
             } else {
@@ -523,6 +532,48 @@ impl Engine {
             match self.store.sweep(shard, cutoff_ms, count).await {
                 Ok(n) if n > 0 => {
                     tracing::debug!(shard, lives = n, keep, "trimmed the history to its count")
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(shard, error = %e, "cannot trim the history"),
+            }
+        }
+    }
+
+    /// Keeps each owned shard's history within its share of `--history-max-bytes`,
+    /// deleting the oldest finished Lives first. The size is an estimate from a sample
+    /// (`Store::history_size`), so the bound holds to within the sample's error.
+    async fn trim_history_bytes(&self) {
+        let Some(max) = self.config.history_max_bytes else {
+            return;
+        };
+        let budget = max / self.store.shard_count() as u64;
+        for (shard, _) in self.shards.active() {
+            let (lives, bytes) = match self.store.history_size(shard, HISTORY_SAMPLE).await {
+                Ok(size) => size,
+                Err(e) => {
+                    tracing::debug!(shard, error = %e, "cannot size the history");
+                    continue;
+                }
+            };
+            if bytes <= budget || lives == 0 {
+                continue;
+            }
+            let per_life = (bytes / lives).max(1);
+            let keep = lives.saturating_sub((bytes - budget).div_ceil(per_life));
+            let Ok(Some((cutoff_ms, count))) =
+                self.store.history_excess(shard, keep, SWEEP_BATCH).await
+            else {
+                continue;
+            };
+            match self.store.sweep(shard, cutoff_ms, count).await {
+                Ok(n) if n > 0 => {
+                    tracing::debug!(
+                        shard,
+                        lives = n,
+                        bytes,
+                        budget,
+                        "trimmed the history to its size"
+                    )
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!(shard, error = %e, "cannot trim the history"),

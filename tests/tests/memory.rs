@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use kairos_e2e::{
     fast_flags, flags, flags_with, free_port, kairos_bin, Api, Host, RedisServer, Sink,
 };
+use redis::AsyncCommands;
 use serde_json::json;
 
 /// Runs `kairos serve` expecting it to refuse to start; its exit code and log.
@@ -299,4 +300,75 @@ async fn history_is_bounded_by_count_oldest_first() {
     }
     assert!(redis.zcard_all("finished").await <= 6);
     assert!(!want_gone.is_empty());
+}
+
+/// `--history-max-bytes` bounds the history by its size in Redis: once the finished
+/// Lives take more than the bound (estimated from a sample), the oldest go first until
+/// they fit, and the newest stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_is_bounded_by_bytes_oldest_first() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let budget: u64 = 24 * 1024;
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--shards", "1"), ("--history-max-bytes", "24kb")]),
+    );
+    let api = Api::new(&host);
+    // Sixty Lives, 50 ms apart so that they finish in order: well over 24 KiB of history.
+    let first = kairos_e2e::now_ms() + 2_000;
+    let ids: Vec<String> = (0..60).map(|i| format!("sized-{i:02}")).collect();
+    for (i, id) in ids.iter().enumerate() {
+        let (status, body) = api
+            .post(
+                "/schedules",
+                &json!({"life_uuid": id, "birth_time": kairos_e2e::rfc3339_ms(first + i as i64 * 50),
+                        "birth": {"path": "/hook", "method": "POST", "body": {"n": i}}}),
+            )
+            .await;
+        assert_eq!(status, 200, "{body}");
+    }
+    sink.wait_until("all fired", Duration::from_secs(20), |got| got.len() >= 60)
+        .await;
+    let shard = redis.keyspace().await.shard(0).clone();
+    let mut conn = redis.conn().await;
+    // The history's size as Redis counts it: every finished Life's hashes, and its two
+    // index entries at the average cost of an entry of `finished`.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let kept = loop {
+        let kept: Vec<String> = conn.zrange(shard.finished(), 0, -1).await.unwrap();
+        let mut bytes = 0u64;
+        for id in &kept {
+            for key in [shard.life(id), shard.plan(&format!("{id}:birth"))] {
+                let used: Option<u64> = redis::cmd("MEMORY")
+                    .arg("USAGE")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                bytes += used.unwrap_or(0);
+            }
+        }
+        let index: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(shard.finished())
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        bytes += 2 * index.unwrap_or(0);
+        if kept.len() < 60 && bytes <= budget + budget / 4 {
+            break kept;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "history of {} Lives in {bytes} B, over the bound of {budget} B",
+            kept.len()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    // What is left is the newest: a tail of the finishing order, and not a tiny one.
+    assert!(kept.len() >= 5, "only {} kept", kept.len());
+    assert_eq!(kept, ids[60 - kept.len()..].to_vec());
+    assert_eq!(api.get(&format!("/schedules/{}", ids[59])).await.0, 200);
+    assert_eq!(api.get(&format!("/schedules/{}", ids[0])).await.0, 404);
 }

@@ -957,6 +957,19 @@ impl Store {
 }
 
 impl Store {
+    /// How many finished Lives a shard keeps and an estimate of the bytes of Redis they
+    /// take (`scripts/history_size.lua`, from a sample of `sample` of them).
+    pub async fn history_size(&self, shard: u32, sample: usize) -> redis::RedisResult<(u64, u64)> {
+        let k = self.shard(shard);
+        self.scripts
+            .history_size
+            .key(k.finished())
+            .arg(&k.prefix)
+            .arg(sample)
+            .invoke_async(&mut self.conn())
+            .await
+    }
+
     /// When a shard keeps more than `keep` finished Lives: how many of the oldest to
     /// delete (at most `batch`) and the finish time of the last of them, the cutoff to
     /// `sweep` them with.

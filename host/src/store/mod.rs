@@ -184,6 +184,7 @@ scripts!(
     idem_begin,
     idem_finish,
     book_idem,
+    history_size,
 );
 
 /// A script's text with `common.lua` prepended; a first line `#!lua flags=...` (Redis 7)
