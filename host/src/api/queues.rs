@@ -469,17 +469,24 @@ pub(crate) fn task_json(
             .map(Value::from)
             .unwrap_or(Value::Null)
     };
+    let time = |k: &str| {
+        t.get(k)
+            .and_then(|v| v.parse::<i64>().ok())
+            .map(|ms| Value::String(store::rfc3339(ms, tz)))
+            .unwrap_or(Value::Null)
+    };
     let mut view = json!({
         "queue": queue,
         "name": name,
         "state": text("state"),
-        "eta": text("fire_at"),
+        "eta": time("fire_at_ms"),
         "eta_ms": num("fire_at_ms"),
         "expires_at": t
             .get("expires_at_ms")
             .and_then(|at| at.parse().ok())
             .map(|at| store::rfc3339(at, tz)),
-        "attempts": num("attempts"),
+        // `attempts` is written with the first run.
+        "attempts": num("attempts").as_i64().unwrap_or(0),
         "action": t.get("action").and_then(|a| serde_json::from_str::<Value>(a).ok()),
         "last_status": num("last_status"),
         "last_error": text("last_error"),
@@ -490,7 +497,11 @@ pub(crate) fn task_json(
                 .and_then(|at| at.parse().ok())
                 .map(|at| store::rfc3339(at, tz))
         }),
-        "created_at": text("created_at"),
+        // Tasks added before 0.2 kept an RFC 3339 `created_at`.
+        "created_at": match time("created_at_ms") {
+            Value::Null => text("created_at"),
+            at => at,
+        },
     });
     if t.get("pull").map(String::as_str) == Some("1") {
         let obj = view.as_object_mut().expect("an object");

@@ -337,10 +337,7 @@ impl Store {
             .arg(notify_before_ms)
             .arg(default_queue_fields);
         for t in tasks {
-            invocation
-                .arg(&t.name)
-                .arg(t.eta_ms)
-                .arg(self.fmt(t.eta_ms));
+            invocation.arg(&t.name).arg(t.eta_ms);
             let expires = t.expires_at_ms.map(|at| at.to_string()).unwrap_or_default();
             // Per task: action, expiry, payload, tag (see task_add.lua).
             match &t.work {
@@ -393,7 +390,6 @@ impl Store {
             .arg(task)
             .arg(mode)
             .arg(now_ms)
-            .arg(self.fmt(now_ms))
             .arg(notify_before_ms)
             .arg(tombstone_ms)
             .invoke_async(&mut conn)
@@ -462,7 +458,7 @@ impl Store {
                 .arg(&k.prefix)
                 .arg(name)
                 .arg(1000)
-                .arg(self.fmt(now_ms))
+                .arg(now_ms)
                 .arg(tombstone_ms)
                 .arg(if drop { "1" } else { "0" })
                 .invoke_async(&mut conn)
@@ -518,7 +514,6 @@ impl Store {
             .arg(&k.prefix)
             .arg(host)
             .arg(now_ms)
-            .arg(self.fmt(now_ms))
             .arg(notify_before_ms)
             .arg(self.runs_max_len)
             .arg(tombstone_ms);
@@ -534,7 +529,6 @@ impl Store {
                 .arg(&run.plan.claim)
                 .arg(outcome)
                 .arg(next_ms)
-                .arg(self.fmt(next_ms))
                 .arg(r.status.map(|s| s.to_string()).unwrap_or_default())
                 .arg(r.error.as_deref().unwrap_or(""))
                 .arg(r.outcome)

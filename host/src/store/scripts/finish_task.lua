@@ -10,15 +10,15 @@
 -- A call retried after its reply was lost answers 'ok' again without writing twice: the
 -- Plan carries this run's `done_by` mark, or is gone with a tombstone left.
 -- KEYS: 1 held, 2 due_tasks, 3 runs
--- ARGV: 1 prefix, 2 host, 3 now_ms, 4 now_rfc, 5 notify_before_ms, 6 runs stream max
---       length, 7 tombstone ms, then per run 11 values: plan_id, claim, outcome, next_ms,
---       next_rfc, status ('' = none), error ('' = none), history outcome word, record JSON,
+-- ARGV: 1 prefix, 2 host, 3 now_ms, 4 notify_before_ms, 5 runs stream max length,
+--       6 tombstone ms, then per run 10 values: plan_id, claim, outcome, next_ms,
+--       status ('' = none), error ('' = none), history outcome word, record JSON,
 --       callback Life id and action ('' = none: see book_callback)
 -- Returns per run: 'ok' | 'lost'
-local host, now_ms, now_rfc, notify_before = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
 local out, done_ids = {}, {}
 
-local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, word, record,
+local function apply(plan_id, claim, outcome, next_ms, status, err, word, record,
     callback, callback_action)
   local queue, task = string.match(plan_id, '^([^/]+)/(.*):task$')
   local qk = PREFIX .. 'queue:' .. queue
@@ -29,7 +29,7 @@ local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, wo
       or (redis.call('EXISTS', pk) == 0 and redis.call('EXISTS', tombstone) == 1) then
     return 'ok'
   end
-  add_run(KEYS[3], ARGV[6], 'queue', queue, 'task', task,
+  add_run(KEYS[3], ARGV[5], 'queue', queue, 'task', task,
     'outcome', word, 'record', record)
   local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'claims')
   if f[1] ~= 'Running' or f[2] ~= host or f[3] ~= claim then return 'lost' end
@@ -40,13 +40,13 @@ local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, wo
   if outcome == 'done' then
     redis.call('DEL', pk)
     redis.call('ZREM', qk .. ':tasks', task)
-    redis.call('SET', tombstone, now_rfc, 'PX', ARGV[7])
+    redis.call('SET', tombstone, now_ms, 'PX', ARGV[6])
   elseif outcome == 'retry' then
-    redis.call('HSET', pk, 'state', 'Standby', 'fire_at_ms', next_ms, 'fire_at', next_rfc, unpack(fields))
+    redis.call('HSET', pk, 'state', 'Standby', 'fire_at_ms', next_ms, unpack(fields))
     redis.call('ZADD', KEYS[2], next_ms, plan_id)
     notify_if_soon(next_ms, notify_before)
   else
-    redis.call('HSET', pk, 'state', 'Failed', 'failed_at_ms', now_ms, 'failed_at', now_rfc, unpack(fields))
+    redis.call('HSET', pk, 'state', 'Failed', 'failed_at_ms', now_ms, unpack(fields))
     redis.call('ZREM', qk .. ':tasks', task)
     redis.call('ZADD', qk .. ':failed', now_ms, task)
   end
@@ -56,9 +56,9 @@ local function apply(plan_id, claim, outcome, next_ms, next_rfc, status, err, wo
   return 'ok'
 end
 
-for i = 8, #ARGV, 11 do
+for i = 7, #ARGV, 10 do
   out[#out + 1] = apply(ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3], ARGV[i + 4],
-    ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10])
+    ARGV[i + 5], ARGV[i + 6], ARGV[i + 7], ARGV[i + 8], ARGV[i + 9])
 end
 if #done_ids > 0 then redis.call('ZREM', KEYS[1], unpack(done_ids)) end
 return out

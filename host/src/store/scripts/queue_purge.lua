@@ -3,7 +3,7 @@
 -- goes too (DELETE /queues/{name}). Running tasks finish first and are then deleted by
 -- finish_task or left for the next purge.
 -- KEYS: 1 queue, 2 queue tasks index, 3 queue failed list, 4 due_tasks, 5 queues index
--- ARGV: 1 prefix, 2 queue, 3 batch, 4 now_rfc, 5 tombstone ms, 6 drop
+-- ARGV: 1 prefix, 2 queue, 3 batch, 4 now_ms, 5 tombstone ms, 6 drop
 -- Returns {removed, left} (left counts tasks still there, running ones included)
 local queue, batch = ARGV[2], tonumber(ARGV[3])
 local removed = 0

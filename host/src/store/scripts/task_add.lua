@@ -5,9 +5,9 @@
 -- KEYS: 1 queue, 2 queue tasks index, 3 due_tasks, 4 queues index
 -- ARGV: 1 prefix, 2 queue, 3 now_ms, 4 now_rfc, 5 notify_before_ms,
 --       6 defaults of the default queue (JSON object of field -> value),
---       then per task 7 values: name, eta_ms, eta_rfc, action JSON ('' for a pull
---       task), expires_at_ms ('' = never: see start_run), payload JSON ('' for a push
---       task), tag
+--       then per task 6 values: name, eta_ms, action JSON ('' for a pull task),
+--       expires_at_ms ('' = never: see start_run), payload JSON ('' for a push task), tag
+-- Times are kept in ms only (the API renders them); `attempts` appears with the first run.
 -- A push queue's tasks go to due_tasks for the hosts to run; a pull queue's (marked
 -- `pull`, with their payload) wait in the queue's tasks index only, for task_lease.
 -- Returns {'ok'} | {'missing'} | {'duplicate', name} | {'mode', the queue's mode} when
@@ -23,7 +23,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('HSET', KEYS[1], unpack(fields))
   redis.call('ZADD', KEYS[4], 0, queue)
 end
-for i = 7, #ARGV, 7 do
+for i = 7, #ARGV, 6 do
   local id = queue .. '/' .. ARGV[i]
   if redis.call('EXISTS', plan_key(id .. ':task')) == 1
       or redis.call('EXISTS', PREFIX .. 'tombstone:' .. id) == 1 then
@@ -68,29 +68,28 @@ local function task_key(action_json)
   if #v > 200 then return redis.sha1hex(v) end
   return v
 end
-for i = 7, #ARGV, 7 do
-  if pull ~= (ARGV[i + 5] ~= '') then
+for i = 7, #ARGV, 6 do
+  if pull ~= (ARGV[i + 4] ~= '') then
     if pull then return {'mode', 'pull'} end
     return {'mode', 'push'}
   end
 end
 local min_eta
-for i = 7, #ARGV, 7 do
+for i = 7, #ARGV, 6 do
   local name, eta_ms = ARGV[i], ARGV[i + 1]
   local plan_id = queue .. '/' .. name .. ':task'
-  local fields = {'state', 'Standby', 'fire_at_ms', eta_ms, 'fire_at', ARGV[i + 2],
-    'attempts', 0, 'created_at', ARGV[4]}
+  local fields = {'state', 'Standby', 'fire_at_ms', eta_ms, 'created_at_ms', ARGV[3]}
   local function add(k, v) fields[#fields + 1] = k; fields[#fields + 1] = v end
   redis.call('ZADD', KEYS[2], eta_ms, name)
   if pull then
     add('pull', 1)
-    add('payload', ARGV[i + 5])
-    if ARGV[i + 6] ~= '' then add('tag', ARGV[i + 6]) end
+    add('payload', ARGV[i + 4])
+    if ARGV[i + 5] ~= '' then add('tag', ARGV[i + 5]) end
   else
-    add('action', ARGV[i + 3])
-    local ck = task_key(ARGV[i + 3])
+    add('action', ARGV[i + 2])
+    local ck = task_key(ARGV[i + 2])
     if ck then add('ck', ck) end
-    if ARGV[i + 4] ~= '' then add('expires_at_ms', ARGV[i + 4]) end
+    if ARGV[i + 3] ~= '' then add('expires_at_ms', ARGV[i + 3]) end
     redis.call('ZADD', KEYS[3], eta_ms, plan_id)
     if not min_eta or tonumber(eta_ms) < min_eta then min_eta = tonumber(eta_ms) end
   end

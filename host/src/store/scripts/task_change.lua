@@ -6,8 +6,7 @@
 --   queue's pause, rate and max_concurrent, but no longer its `expire_after`: a person
 --   asked for this run.
 -- KEYS: 1 plan, 2 queue tasks index, 3 queue failed list, 4 due_tasks
--- ARGV: 1 prefix, 2 queue, 3 task, 4 mode, 5 now_ms, 6 now_rfc, 7 notify_before_ms,
---       8 tombstone ms
+-- ARGV: 1 prefix, 2 queue, 3 task, 4 mode, 5 now_ms, 6 notify_before_ms, 7 tombstone ms
 -- Returns 'ok' | 'missing' | 'running'
 local queue, task, mode = ARGV[2], ARGV[3], ARGV[4]
 local plan_id = queue .. '/' .. task .. ':task'
@@ -27,18 +26,18 @@ if mode == 'delete' then
   redis.call('DEL', KEYS[1])
   redis.call('ZREM', KEYS[2], task)
   redis.call('ZREM', KEYS[3], task)
-  redis.call('SET', PREFIX .. 'tombstone:' .. queue .. '/' .. task, ARGV[6], 'PX', ARGV[8])
+  redis.call('SET', PREFIX .. 'tombstone:' .. queue .. '/' .. task, ARGV[5], 'PX', ARGV[7])
   return 'ok'
 end
 if state == 'Failed' or state == 'Expired' then
   redis.call('ZREM', KEYS[3], task)
   redis.call('HDEL', KEYS[1], 'failed_at_ms', 'failed_at', 'first_attempt_ms')
-  redis.call('HSET', KEYS[1], 'attempts', 0)
+  redis.call('HDEL', KEYS[1], 'attempts')
 end
 redis.call('HDEL', KEYS[1], 'expires_at_ms')
-redis.call('HSET', KEYS[1], 'state', 'Standby', 'fire_at_ms', ARGV[5], 'fire_at', ARGV[6])
+redis.call('HSET', KEYS[1], 'state', 'Standby', 'fire_at_ms', ARGV[5])
 redis.call('ZADD', KEYS[2], ARGV[5], task)
 if pull then return 'ok' end
 redis.call('ZADD', KEYS[4], ARGV[5], plan_id)
-notify_if_soon(ARGV[5], ARGV[7])
+notify_if_soon(ARGV[5], ARGV[6])
 return 'ok'
