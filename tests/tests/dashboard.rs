@@ -296,6 +296,13 @@ async fn an_operator_books_cancels_pauses_and_runs_in_a_real_browser() {
         )
         .await;
     assert_eq!(status, 200, "{reply}");
+    // Its token bucket, as the queue page shows it: full until a task takes one.
+    let (_, queue) = admin.get("/queues/mail").await;
+    assert_eq!(
+        queue["bucket"],
+        json!({"tokens": 5.0, "size": 5}),
+        "{queue}"
+    );
     let (status, reply) = admin
         .post(
             "/queues/mail/tasks",
@@ -487,6 +494,10 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
     page.ready("queues").await;
     assert_eq!(page.text("#queue-state").await, "paused");
     assert_eq!(page.text("#queue-depth").await, "1");
+    assert_eq!(
+        page.text("#queue-bucket").await,
+        "10/s, bucket 5, 5.0 tokens now"
+    );
     page.until(
         "the waiting task",
         "document.querySelector('tr[data-task=welcome-1]')",
