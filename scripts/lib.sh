@@ -34,6 +34,25 @@ need_curl() {
   command -v curl >/dev/null 2>&1 || { echo "curl is missing: apt-get install -y curl" >&2; exit 1; }
 }
 
+# Headless Chromium and its WebDriver, for the dashboard's browser test
+# (tests/tests/dashboard.rs): Debian's chromium and chromium-driver packages.
+need_chromium() {
+  if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+    return
+  fi
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "installing chromium and chromium-driver (apt-get)…" >&2
+    apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  elif command -v apt-get >/dev/null 2>&1 && command -v sudo >/dev/null 2>&1; then
+    echo "installing chromium and chromium-driver (sudo apt-get)…" >&2
+    sudo apt-get update -qq >/dev/null && sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  fi
+  if ! command -v chromium >/dev/null 2>&1 || ! command -v chromedriver >/dev/null 2>&1; then
+    echo "chromium and chromedriver are missing: install them (Debian/Ubuntu: apt-get install -y chromium chromium-driver); the dashboard test fails without them." >&2
+    exit 1
+  fi
+}
+
 # The wasm32-wasip2 standard library, for building plugins.
 need_wasm_target() {
   if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then

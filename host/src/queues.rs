@@ -171,6 +171,20 @@ impl Default for QueueDef {
 }
 
 impl QueueDef {
+    /// Tokens in the queue's rate bucket at `now_ms`, refilled from the `tokens` and
+    /// `tokens_at_ms` fields of its hash as `start_run.lua` refills them (a queue never
+    /// limited yet has a full bucket); None when the queue has no rate limit.
+    pub fn tokens_at(&self, hash: &HashMap<String, String>, now_ms: i64) -> Option<f64> {
+        if self.rate <= 0.0 {
+            return None;
+        }
+        let bucket = f64::from(self.bucket_size.max(1));
+        let field = |k: &str| hash.get(k).and_then(|v| v.parse::<f64>().ok());
+        let tokens = field("tokens").unwrap_or(bucket);
+        let elapsed_ms = field("tokens_at_ms").map_or(0.0, |at| (now_ms as f64 - at).max(0.0));
+        Some(bucket.min(tokens + elapsed_ms * self.rate / 1000.0))
+    }
+
     pub(crate) fn fields(&self) -> Vec<(String, String)> {
         let r = &self.retry;
         [
@@ -670,6 +684,28 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bucket_refills_at_the_rate_up_to_its_size() {
+        let def = QueueDef {
+            rate: 2.0,
+            bucket_size: 5,
+            ..QueueDef::default()
+        };
+        let hash = |pairs: &[(&str, &str)]| -> HashMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        assert_eq!(def.tokens_at(&hash(&[]), 1_000), Some(5.0));
+        let drained = hash(&[("tokens", "0.5"), ("tokens_at_ms", "1000")]);
+        assert_eq!(def.tokens_at(&drained, 1_000), Some(0.5));
+        assert_eq!(def.tokens_at(&drained, 2_000), Some(2.5));
+        assert_eq!(def.tokens_at(&drained, 60_000), Some(5.0));
+        let unlimited = QueueDef { rate: 0.0, ..def };
+        assert_eq!(unlimited.tokens_at(&drained, 2_000), None);
+    }
 
     #[test]
     fn backoff_doubles_then_grows_linearly_then_caps() {

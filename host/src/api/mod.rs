@@ -14,6 +14,7 @@ mod plugins;
 mod queues;
 mod schedules;
 mod timers;
+mod ui;
 mod views;
 
 pub(crate) use ops::metrics_router;
@@ -143,6 +144,9 @@ pub fn router(app: Shared) -> Router {
         // balancers, supervisors and Kubernetes probes.
         .routes(routes!(ops::healthz))
         .routes(routes!(ops::readyz))
+        // The dashboard's page and scripts: no token (they hold no data; the page asks
+        // for one and sends it with every API call), not in the OpenAPI document.
+        .merge(OpenApiRouter::from(ui::routes()))
         .split_for_parts();
     openapi::finish(&mut doc);
     let doc = openapi::OpenApiJson(Bytes::from(

@@ -83,7 +83,8 @@ pub(crate) async fn queue_json(
 ) -> Result<Value, ApiError> {
     let def = QueueDef::from_hash(q);
     let mode = QueueMode::of(q);
-    let counts = app.store.queue_counts(name, app.clock.now_ms()).await?;
+    let now_ms = app.clock.now_ms();
+    let counts = app.store.queue_counts(name, now_ms).await?;
     let secs = |ms: u64| ms as f64 / 1000.0;
     let mut view = json!({
         "name": name,
@@ -92,6 +93,7 @@ pub(crate) async fn queue_json(
         "rate": def.rate,
         "bucket_size": def.bucket_size,
         "max_concurrent": def.max_concurrent,
+        "bucket": def.tokens_at(q, now_ms).map(|tokens| json!({"tokens": tokens, "size": def.bucket_size})),
         "key": def.key,
         "max_concurrent_per_key": def.max_concurrent_per_key,
         "rate_per_key": def.rate_per_key,
@@ -111,6 +113,7 @@ pub(crate) async fn queue_json(
         for field in [
             "rate",
             "bucket_size",
+            "bucket",
             "max_concurrent",
             "key",
             "max_concurrent_per_key",

@@ -220,6 +220,10 @@ pub(crate) struct QueueView {
     rate: Option<f64>,
     bucket_size: Option<i64>,
     max_concurrent: Option<i64>,
+    /// The rate limit's token bucket now: `tokens` (refilled to now) of `size`; null
+    /// when the queue has no rate limit.
+    #[schema(value_type = Option<Object>)]
+    bucket: Option<Value>,
     #[schema(value_type = Object)]
     retry: Value,
     /// Task counts by state.

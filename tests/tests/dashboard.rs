@@ -1,0 +1,608 @@
+//! The web dashboard at `/ui/` (SPEC section 9), in a real browser: Debian's headless
+//! `chromium`, driven over WebDriver through `chromedriver` (started here on a free port)
+//! with the `fantoccini` crate. A host with API tokens and a sink of its own: the page asks
+//! for the token, a read token is refused an act with the API's error shown, then an
+//! admin token books a Life, finds it listed, opens and cancels it, pauses a queue and
+//! runs a timer now; each is checked in the page and in Redis (or at the sink). A
+//! screenshot of every page is saved under `target/ui-screenshots/` for review.
+//!
+//! Needs `chromium` and `chromedriver` (Debian: `apt-get install -y chromium
+//! chromium-driver`; `scripts/test` installs them). Without them it fails and says so.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fantoccini::{Client, ClientBuilder, Locator};
+use kairos_e2e::*;
+use serde_json::{json, Value};
+
+/// Longest wait for anything in the page.
+const WAIT: Duration = Duration::from_secs(15);
+
+/// `name` on PATH (or at `/usr/bin/name`), else None.
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin")])
+        .map(|dir| dir.join(name))
+        .find(|p| p.is_file())
+}
+
+/// A chromedriver of this test's own on a free port, killed on drop.
+struct Driver {
+    port: u16,
+    child: Child,
+}
+
+impl Driver {
+    fn start() -> Driver {
+        let missing = "install Debian's headless Chromium and its WebDriver: \
+            `apt-get install -y chromium chromium-driver` (scripts/test does this)";
+        let driver = which("chromedriver")
+            .unwrap_or_else(|| panic!("chromedriver is not installed: {missing}"));
+        assert!(
+            which("chromium").is_some(),
+            "chromium is not installed: {missing}"
+        );
+        let port = free_port();
+        let child = Command::new(driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("chromedriver does not start ({e}): {missing}"));
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not listen on port {port} within 15 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Driver { port, child }
+    }
+
+    /// A headless Chromium session (a fixed window size, so screenshots compare).
+    async fn browser(&self) -> Client {
+        let mut args = vec![
+            "--headless=new",
+            "--window-size=1400,1000",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-extensions",
+        ];
+        // Root (containers, CI) has no user namespace sandbox for Chromium.
+        if unsafe { libc::geteuid() } == 0 {
+            args.push("--no-sandbox");
+        }
+        let mut options = json!({ "args": args });
+        if let Some(binary) = which("chromium") {
+            options["binary"] = json!(binary);
+        }
+        let mut caps = serde_json::Map::new();
+        caps.insert("goog:chromeOptions".into(), options);
+        caps.insert("pageLoadStrategy".into(), json!("normal"));
+        let mut builder =
+            ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
+        builder.capabilities(caps);
+        let url = format!("http://127.0.0.1:{}", self.port);
+        let connect = builder.connect(&url);
+        tokio::time::timeout(Duration::from_secs(60), connect)
+            .await
+            .expect("chromedriver started chromium within 60 s")
+            .unwrap_or_else(|e| panic!("chromedriver could not start chromium: {e}"))
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn screenshots_dir() -> PathBuf {
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let dir = target.join("ui-screenshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// The page, driven with bounded waits.
+struct Page {
+    client: Client,
+    base: String,
+}
+
+impl Page {
+    async fn goto(&self, hash: &str) {
+        let url = format!("{}/ui/{hash}", self.base);
+        let current = self.client.current_url().await.unwrap();
+        if current.as_str().starts_with(&format!("{}/ui/", self.base)) {
+            // Same document: a hash change renders the page without a reload.
+            self.js(&format!("location.hash = {}; return 0", json!(hash)))
+                .await;
+        } else {
+            self.client.goto(&url).await.unwrap();
+        }
+    }
+
+    async fn js(&self, script: &str) -> Value {
+        self.client
+            .execute(script, Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("script failed: {e}\n{script}"))
+    }
+
+    /// Waits until `expr` (a JavaScript expression) is truthy; panics with `what` and the
+    /// page's text after `WAIT`.
+    async fn until(&self, what: &str, expr: &str) -> Value {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let v = self
+                .js(&format!(
+                    "try {{ return ({expr}) || null; }} catch (e) {{ return null; }}"
+                ))
+                .await;
+            if !v.is_null() && v != json!(false) {
+                return v;
+            }
+            if Instant::now() >= deadline {
+                let text = self
+                    .js("return document.body ? document.body.innerText : ''")
+                    .await;
+                panic!(
+                    "the page did not show {what} within {WAIT:?}; it shows:\n{}",
+                    text.as_str().unwrap_or_default()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits for the page `name` to have rendered (`main[data-ready]`).
+    async fn ready(&self, name: &str) {
+        self.until(
+            &format!("the {name} page"),
+            &format!(
+                "document.querySelector('main').dataset.ready === {} && document.querySelector('main').dataset.page === {}",
+                json!(name),
+                json!(name)
+            ),
+        )
+        .await;
+    }
+
+    async fn click(&self, css: &str) {
+        self.until(
+            &format!("an enabled {css}"),
+            &format!(
+                "document.querySelector({}) && !document.querySelector({0}).disabled",
+                json!(css)
+            ),
+        )
+        .await;
+        self.client
+            .find(Locator::Css(css))
+            .await
+            .unwrap()
+            .click()
+            .await
+            .unwrap_or_else(|e| panic!("cannot click {css}: {e}"));
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        self.until(
+            &format!("the field {css}"),
+            &format!("document.querySelector({})", json!(css)),
+        )
+        .await;
+        let field = self.client.find(Locator::Css(css)).await.unwrap();
+        field.clear().await.unwrap();
+        field.send_keys(text).await.unwrap();
+    }
+
+    async fn text(&self, css: &str) -> String {
+        self.until(css, &format!("document.querySelector({})", json!(css)))
+            .await;
+        self.js(&format!(
+            "return document.querySelector({}).textContent",
+            json!(css)
+        ))
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+    }
+
+    /// Waits until the notice line says `kind` (`ok` or `error`) and returns its text.
+    async fn notice(&self, kind: &str) -> String {
+        self.until(
+            &format!("an {kind} notice"),
+            &format!("!document.getElementById('notice').hidden && document.getElementById('notice').dataset.kind === {} && document.getElementById('notice').textContent", json!(kind)),
+        )
+        .await
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+    }
+
+    async fn screenshot(&self, name: &str) {
+        let png = self.client.screenshot().await.unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "a PNG screenshot");
+        std::fs::write(screenshots_dir().join(format!("{name}.png")), png).unwrap();
+    }
+
+    async fn login(&self, token: &str) {
+        self.until("the token form", "document.getElementById('token-input')")
+            .await;
+        self.type_into("#token-input", token).await;
+        self.click("#login button[type=submit]").await;
+    }
+}
+
+async fn hget(redis: &RedisServer, key: &str, field: &str) -> Option<String> {
+    let mut conn = redis.conn().await;
+    redis::cmd("HGET")
+        .arg(key)
+        .arg(field)
+        .query_async(&mut conn)
+        .await
+        .unwrap()
+}
+
+/// Polls a hash field until it is `want`; panics after `WAIT`.
+async fn wait_hash(redis: &RedisServer, key: &str, field: &str, want: &str) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let got = hget(redis, key, field).await;
+        if got.as_deref() == Some(want) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{key} {field} is {got:?} in Redis, not {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_books_cancels_pauses_and_runs_in_a_real_browser() {
+    let driver = Driver::start();
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags(
+            &sink,
+            &[("--api-tokens", "r3ad:read,b00k:book,adm1n:admin")],
+        ),
+    );
+    let admin = Api::new(&host).with_token("adm1n");
+    let ks = redis.keyspace().await;
+
+    // What there is to see: a queue with a task waiting, a timer, a Life.
+    let (status, reply) = admin
+        .put(
+            "/queues/mail",
+            &json!({"rate": 10, "bucket_size": 5, "max_concurrent": 2}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    // Its token bucket, as the queue page shows it: full until a task takes one.
+    let (_, queue) = admin.get("/queues/mail").await;
+    assert_eq!(
+        queue["bucket"],
+        json!({"tokens": 5.0, "size": 5}),
+        "{queue}"
+    );
+    let (status, reply) = admin
+        .post(
+            "/queues/mail/tasks",
+            &json!({"name": "welcome-1", "countdown": 3600, "action": hook("task")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let (status, reply) = admin
+        .post(
+            "/timers",
+            &json!({"name": "nightly", "schedule": "0 3 * * *", "action": hook("timer")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    book(
+        &admin,
+        &term(
+            "api0booked",
+            now_ms() + 3_600_000,
+            now_ms() + 7_200_000,
+            hook("b"),
+            hook("d"),
+        ),
+    )
+    .await;
+
+    let page = Page {
+        client: driver.browser().await,
+        base: format!("http://{}", host.addr),
+    };
+    let result = tokio::time::timeout(
+        Duration::from_secs(240),
+        drive(&page, &redis, &sink, &ks, &admin),
+    )
+    .await;
+    let _ = page.client.clone().close().await;
+    result.expect("the browser session finished within 240 s");
+}
+
+async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, admin: &Api) {
+    // The page and its scripts need no token; the page asks for one.
+    page.client
+        .goto(&format!("{}/ui", page.base))
+        .await
+        .unwrap();
+    assert!(page
+        .client
+        .current_url()
+        .await
+        .unwrap()
+        .as_str()
+        .ends_with("/ui/"));
+    page.login("r3ad").await;
+    page.ready("overview").await;
+    assert_eq!(
+        page.text("[data-metric='Hosts alive'] .value").await,
+        "1",
+        "one host is alive"
+    );
+    // A few samples of /metrics for the charts.
+    page.until(
+        "the fires/s chart drawn from two samples",
+        "document.querySelector('.chart polyline')",
+    )
+    .await;
+    page.until(
+        "the due-soon list (nothing in the next hour but the timer)",
+        "document.body.innerText.includes('nightly')",
+    )
+    .await;
+    page.screenshot("overview").await;
+
+    // A read token sees, and is refused an act: the API's code and message are shown.
+    page.goto("#/schedules").await;
+    page.ready("schedules").await;
+    page.until(
+        "the Life booked over the API",
+        "document.querySelector('tr[data-life=api0booked]')",
+    )
+    .await;
+    page.type_into("#book-id", "ui0booked").await;
+    page.type_into("#book-birth", "+30m").await;
+    page.click("#book button[type=submit]").await;
+    let refused = page.notice("error").await;
+    assert!(
+        refused.starts_with("forbidden:") && refused.contains("book"),
+        "{refused}"
+    );
+    assert_eq!(admin.get("/schedules/ui0booked").await.0, 404);
+
+    // Another token: forget this one, give the admin token.
+    page.click("#forget-token").await;
+    page.login("adm1n").await;
+    page.ready("schedules").await;
+
+    // Book a term Life in the page.
+    page.type_into("#book-id", "ui0booked").await;
+    page.type_into("#book-resource", "conn-ui").await;
+    page.js("document.getElementById('book-type').value = 'term'; return 0")
+        .await;
+    page.type_into("#book-birth", "+30m").await;
+    page.type_into("#book-death", "+40m").await;
+    page.click("#book button[type=submit]").await;
+    page.notice("ok").await;
+    // It opens the new Life.
+    page.until(
+        "the booked Life's page",
+        "location.hash === '#/schedules/ui0booked' && document.querySelector('main').dataset.ready === 'schedules' && document.getElementById('life-state')",
+    )
+    .await;
+    assert_eq!(page.text("#life-state").await, "Inexistent");
+    let key = ks.resource("conn-ui").life("ui0booked");
+    assert_eq!(
+        hget(redis, &key, "state").await.as_deref(),
+        Some("Inexistent")
+    );
+    assert_eq!(
+        hget(redis, &key, "resource_id").await.as_deref(),
+        Some("conn-ui")
+    );
+
+    // Listed, filtered by resource; opened from the list.
+    page.goto("#/schedules?resource_id=conn-ui").await;
+    page.ready("schedules").await;
+    page.until(
+        "the booked Life in the list",
+        "document.querySelector('tr[data-life=ui0booked]')",
+    )
+    .await;
+    let rows = page
+        .js("return document.querySelectorAll('tr[data-life]').length")
+        .await;
+    assert_eq!(rows, json!(1), "the filter leaves the other Life out");
+    page.goto("#/schedules").await;
+    page.ready("schedules").await;
+    page.until(
+        "both Lives in the list",
+        "document.querySelectorAll('tr[data-life]').length === 2",
+    )
+    .await;
+    page.screenshot("schedules").await;
+    page.click("tr[data-life=ui0booked] a").await;
+    page.until(
+        "the Life's page from the list",
+        "location.hash === '#/schedules/ui0booked' && document.getElementById('life-state')",
+    )
+    .await;
+    page.until(
+        "its two Plans",
+        "document.querySelectorAll('tr[data-plan]').length === 2",
+    )
+    .await;
+    page.screenshot("life").await;
+
+    // Cancel it: asked once more, then Stillbirth in the page and in Redis.
+    page.click("#cancel").await;
+    page.click("[data-confirm=yes]").await;
+    page.notice("ok").await;
+    page.until(
+        "the Life as Stillbirth",
+        "document.getElementById('life-state') && document.getElementById('life-state').textContent === 'Stillbirth'",
+    )
+    .await;
+    wait_hash(redis, &key, "state", "Stillbirth").await;
+    assert_eq!(
+        admin.get("/schedules/ui0booked").await.1["state"],
+        "Stillbirth"
+    );
+
+    // Pause a queue from the list.
+    page.goto("#/queues").await;
+    page.ready("queues").await;
+    page.until(
+        "the queue's depth",
+        "document.querySelector('tr[data-queue=mail] td:nth-child(4)').textContent === '1'",
+    )
+    .await;
+    page.click("button[data-action=pause][data-queue=mail]")
+        .await;
+    page.notice("ok").await;
+    page.until(
+        "the queue as paused",
+        "document.querySelector('button[data-action=resume][data-queue=mail]') && document.querySelector('tr[data-queue=mail] .badge').textContent === 'paused'",
+    )
+    .await;
+    wait_hash(redis, &ks.queue("mail").queue("mail"), "state", "paused").await;
+    page.screenshot("queues").await;
+    page.goto("#/queues/mail").await;
+    page.ready("queues").await;
+    assert_eq!(page.text("#queue-state").await, "paused");
+    assert_eq!(page.text("#queue-depth").await, "1");
+    assert_eq!(
+        page.text("#queue-bucket").await,
+        "10/s, bucket 5, 5.0 tokens now"
+    );
+    page.until(
+        "the waiting task",
+        "document.querySelector('tr[data-task=welcome-1]')",
+    )
+    .await;
+    page.screenshot("queue").await;
+
+    // Run a timer now: the sink gets its call; its run shows in the page and in Redis.
+    page.goto("#/timers").await;
+    page.ready("timers").await;
+    page.screenshot("timers").await;
+    page.goto("#/timers/nightly").await;
+    page.ready("timers").await;
+    page.until(
+        "five next fire times",
+        "document.querySelectorAll('#preview li').length === 5",
+    )
+    .await;
+    page.click("button[data-action=run][data-timer=nightly]")
+        .await;
+    page.notice("ok").await;
+    sink.wait_until("the timer's call", WAIT, |got| {
+        got.iter()
+            .any(|r| r.header("x-kairos-timer") == Some("nightly"))
+    })
+    .await;
+    let timer_key = ks.timer("nightly").timer("nightly");
+    let deadline = Instant::now() + WAIT;
+    while hget(redis, &timer_key, "last_run_at_ms").await.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the timer's run was not recorded in Redis"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let outcome = hget(redis, &timer_key, "last_outcome").await.unwrap();
+    assert!(outcome == "done" || outcome == "success", "{outcome}");
+    // The page shows the run once it is recorded (Refresh until then).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        page.click("button.secondary").await;
+        page.ready("timers").await;
+        let shown = page
+            .js("return document.querySelectorAll('#runs tbody tr').length > 0")
+            .await;
+        if shown == json!(true) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the timer's run did not show in the page"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    page.screenshot("timer").await;
+
+    page.goto("#/plugins").await;
+    page.ready("plugins").await;
+    page.screenshot("plugins").await;
+}
+
+/// Without a browser: the page and its scripts answer without a token (with a policy
+/// that forbids inline and foreign scripts), the API behind them still wants one, and
+/// the dashboard is no part of the API's document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_needs_no_token_and_is_not_in_the_api_document() {
+    let redis = RedisServer::start();
+    let host = Host::start(
+        &redis.url(),
+        &flags_with(fast_flags(), &[("--api-tokens", "r3ad:read")]),
+    );
+    let anon = Api::new(&host);
+    let (status, headers, _) = anon
+        .call(axum::http::Method::GET, "/ui", Vec::new(), &[])
+        .await;
+    assert_eq!(status, 308);
+    assert_eq!(headers["location"], "ui/");
+    for (path, kind) in [
+        ("/ui/", "text/html"),
+        ("/ui/app.js", "text/javascript"),
+        ("/ui/lib.js", "text/javascript"),
+        ("/ui/pages.js", "text/javascript"),
+        ("/ui/style.css", "text/css"),
+    ] {
+        let (status, headers, _) = anon
+            .call(axum::http::Method::GET, path, Vec::new(), &[])
+            .await;
+        assert_eq!(status, 200, "{path}");
+        let content_type = headers["content-type"].to_str().unwrap();
+        assert!(content_type.starts_with(kind), "{path}: {content_type}");
+        let csp = headers["content-security-policy"].to_str().unwrap();
+        assert!(csp.contains("script-src 'self'"), "{path}: {csp}");
+    }
+    let (status, body) = anon.get("/ui/nosuch.js").await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("not_found"))
+    );
+    assert_eq!(anon.get("/schedules").await.0, 401);
+
+    let (status, doc) = anon.with_token("r3ad").get("/openapi.json").await;
+    assert_eq!(status, 200);
+    let paths: Vec<&String> = doc["paths"].as_object().unwrap().keys().collect();
+    assert!(
+        paths.iter().all(|p| !p.starts_with("/ui")),
+        "the dashboard is not an API route: {paths:?}"
+    );
+}
