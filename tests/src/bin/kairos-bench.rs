@@ -710,4 +710,94 @@ async fn main() {
     if args.iter().any(|a| a == "idempotency") {
         bench_idempotency().await;
     }
+    if args.iter().any(|a| a == "memory") {
+        bench_memory().await;
+    }
+}
+
+/// POSTs `count` bodies to `path` over `clients` keep-alive clients, `body(i)` each,
+/// every one answered 200.
+async fn post_many(
+    host: &Host,
+    path: &'static str,
+    count: usize,
+    clients: usize,
+    body: impl Fn(usize) -> serde_json::Value + Send + Sync + 'static,
+) {
+    let body = Arc::new(body);
+    let next = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let api = Api::new(host);
+        let (next, body) = (next.clone(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= count {
+                    return;
+                }
+                let bytes = serde_json::to_vec(&body(i)).unwrap();
+                let (status, reply) = api.raw(hyper::Method::POST, path, bytes, &[]).await;
+                assert_eq!(status, 200, "{reply}");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+/// Redis bytes per pending item at 100,000 pending (issue 17): point and term bookings
+/// and queue tasks, with a small webhook action (~50 B of JSON) and one of ~110 B, on
+/// Redis's default `hash-max-listpack-value` (64: a hash holding a longer value takes
+/// Redis's larger hashtable encoding) and on the 1024 `kairos serve` gives its own Redis.
+async fn bench_memory() {
+    println!("## Memory per pending item, 100,000 pending\n");
+    println!("| item | `hash-max-listpack-value 64` (Redis's default) | `1024` (`kairos serve`'s own Redis) |");
+    println!("|---|---|---|");
+    let small = |i: usize| json!({"path": "/hook", "method": "POST", "body": {"n": i}});
+    let large = |i: usize| json!({"path": "/hook", "method": "POST", "body": {"order": format!("A-{i:07}"), "customer": "c-99", "note": "remind the customer"}});
+    type Make = Box<dyn Fn(usize) -> serde_json::Value + Send + Sync>;
+    let cases: Vec<(&str, &'static str, Make)> = vec![
+        ("point booking, small action", "/schedules", Box::new(move |i| {
+            json!({"schedule_type": "point", "birth_time": rfc3339_ms(now_ms() + 86_400_000 + i as i64), "birth": small(i)})
+        })),
+        ("point booking, ~110 B action", "/schedules", Box::new(move |i| {
+            json!({"schedule_type": "point", "birth_time": rfc3339_ms(now_ms() + 86_400_000 + i as i64), "birth": large(i)})
+        })),
+        ("term booking, small actions", "/schedules", Box::new(move |i| {
+            let at = now_ms() + 86_400_000 + i as i64 * 10;
+            json!({"schedule_type": "term", "birth_time": rfc3339_ms(at), "death_time": rfc3339_ms(at + 600_000), "birth": small(i), "death": small(i)})
+        })),
+        ("queue task, small action", "/queues/default/tasks", Box::new(move |i| {
+            json!({"name": format!("t{i}"), "eta": rfc3339_ms(now_ms() + 86_400_000), "action": small(i)})
+        })),
+    ];
+    let count = 100_000;
+    for (label, path, make) in cases {
+        let make = Arc::new(make);
+        let mut row = Vec::new();
+        for limit in ["64", "1024"] {
+            let redis = RedisServer::start_with_fsync("everysec");
+            let host = booking_host(&redis).await;
+            let mut conn = redis.conn().await;
+            let _: () = redis::cmd("CONFIG")
+                .arg("SET")
+                .arg("hash-max-listpack-value")
+                .arg(limit)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            // A first 2,000 create every shard's sets and the default queue.
+            let m = make.clone();
+            post_many(&host, path, 2_000, 64, move |i| m(count + i)).await;
+            let before = used_memory(&redis).await;
+            let m = make.clone();
+            post_many(&host, path, count, 64, move |i| m(i)).await;
+            let after = used_memory(&redis).await;
+            row.push(format!("{:.0} B", (after - before) as f64 / count as f64));
+        }
+        println!("| {label} | {} | {} |", row[0], row[1]);
+    }
+    println!();
 }
