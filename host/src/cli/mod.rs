@@ -8,6 +8,7 @@
 
 mod check;
 mod client;
+mod new_plugin;
 mod print;
 
 use std::io::Read;
@@ -180,6 +181,17 @@ pub enum PluginsCommand {
         /// Wall-time limit (`10s`, `500ms`).
         #[arg(long, default_value = "10s")]
         timeout: String,
+    },
+    /// Write a new plugin project, NAME/, that builds as is: a Rust crate with an
+    /// example action and its tests, the guest SDK and the WIT files it is built against.
+    New {
+        name: String,
+        /// The plugin's language (rust only, for now).
+        #[arg(long, default_value = "rust")]
+        lang: String,
+        /// Where to write NAME/ (default: here).
+        #[arg(long, default_value = ".")]
+        dir: String,
     },
     /// Delete a plugin and all its versions (refused while unfinished Lives use it).
     #[command(visible_alias = "rm")]
@@ -671,6 +683,13 @@ async fn plugins(api: &Api, command: PluginsCommand, output: Output) -> anyhow::
             memory_mb,
             timeout,
         } => run_plugin_file(file, input, allow, memory_mb, timeout, output).await?,
+        PluginsCommand::New { name, lang, dir } => {
+            let project = new_plugin::write_project(&name, std::path::Path::new(&dir), &lang)?;
+            println!(
+                "wrote {0}/\nnext: cd {0} && cargo test && cargo build --release --target wasm32-wasip2 (see its README.md)",
+                project.display()
+            );
+        }
         PluginsCommand::Delete { name, force } => {
             let path = format!(
                 "/plugins/{}{}",

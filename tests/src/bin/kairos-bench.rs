@@ -759,19 +759,35 @@ async fn bench_memory() {
     let large = |i: usize| json!({"path": "/hook", "method": "POST", "body": {"order": format!("A-{i:07}"), "customer": "c-99", "note": "remind the customer"}});
     type Make = Box<dyn Fn(usize) -> serde_json::Value + Send + Sync>;
     let cases: Vec<(&str, &'static str, Make)> = vec![
-        ("point booking, small action", "/schedules", Box::new(move |i| {
-            json!({"schedule_type": "point", "birth_time": rfc3339_ms(now_ms() + 86_400_000 + i as i64), "birth": small(i)})
-        })),
-        ("point booking, ~110 B action", "/schedules", Box::new(move |i| {
-            json!({"schedule_type": "point", "birth_time": rfc3339_ms(now_ms() + 86_400_000 + i as i64), "birth": large(i)})
-        })),
-        ("term booking, small actions", "/schedules", Box::new(move |i| {
-            let at = now_ms() + 86_400_000 + i as i64 * 10;
-            json!({"schedule_type": "term", "birth_time": rfc3339_ms(at), "death_time": rfc3339_ms(at + 600_000), "birth": small(i), "death": small(i)})
-        })),
-        ("queue task, small action", "/queues/default/tasks", Box::new(move |i| {
-            json!({"name": format!("t{i}"), "eta": rfc3339_ms(now_ms() + 86_400_000), "action": small(i)})
-        })),
+        (
+            "point booking, small action",
+            "/schedules",
+            Box::new(
+                move |i| json!({"schedule_type": "point", "birth_time": rfc3339_ms(now_ms() + 86_400_000 + i as i64), "birth": small(i)}),
+            ),
+        ),
+        (
+            "point booking, ~110 B action",
+            "/schedules",
+            Box::new(
+                move |i| json!({"schedule_type": "point", "birth_time": rfc3339_ms(now_ms() + 86_400_000 + i as i64), "birth": large(i)}),
+            ),
+        ),
+        (
+            "term booking, small actions",
+            "/schedules",
+            Box::new(move |i| {
+                let at = now_ms() + 86_400_000 + i as i64 * 10;
+                json!({"schedule_type": "term", "birth_time": rfc3339_ms(at), "death_time": rfc3339_ms(at + 600_000), "birth": small(i), "death": small(i)})
+            }),
+        ),
+        (
+            "queue task, small action",
+            "/queues/default/tasks",
+            Box::new(
+                move |i| json!({"name": format!("t{i}"), "eta": rfc3339_ms(now_ms() + 86_400_000), "action": small(i)}),
+            ),
+        ),
     ];
     let count = 100_000;
     for (label, path, make) in cases {
