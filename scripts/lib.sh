@@ -53,6 +53,36 @@ need_chromium() {
   fi
 }
 
+# promtool, for the test that lints the /metrics exposition (tests/tests/metrics.rs):
+# Debian's prometheus package ships /usr/bin/promtool. Installed without starting the
+# Prometheus server: where the package's postinst would start one (a machine with
+# systemd or init scripts and no policy-rc.d saying no), a policy-rc.d that refuses
+# every start is put in place for the install and removed after it.
+need_promtool() {
+  command -v promtool >/dev/null 2>&1 && return
+  install="apt-get install -y --no-install-recommends prometheus"
+  sudo=""
+  [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo="sudo"; }
+  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || [ -n "$sudo" ]; }; then
+    echo "installing promtool ($install)…" >&2
+    guard=""
+    if [ ! -e /usr/sbin/policy-rc.d ]; then
+      guard=/usr/sbin/policy-rc.d
+      printf '#!/bin/sh\nexit 101\n' | $sudo tee "$guard" >/dev/null && $sudo chmod +x "$guard"
+    fi
+    $sudo apt-get update -qq >/dev/null && $sudo env DEBIAN_FRONTEND=noninteractive $install -qq >/dev/null
+    [ -n "$guard" ] && $sudo rm -f "$guard"
+    # Nor started at the next boot: only its promtool is wanted.
+    if command -v systemctl >/dev/null 2>&1; then
+      $sudo systemctl disable --now prometheus >/dev/null 2>&1 || true
+    fi
+  fi
+  command -v promtool >/dev/null 2>&1 || {
+    echo "promtool is missing: $install; the /metrics lint test fails without it." >&2
+    exit 1
+  }
+}
+
 # The wasm32-wasip2 standard library, for building plugins.
 need_wasm_target() {
   if rustup target list --installed 2>/dev/null | grep -qx wasm32-wasip2; then

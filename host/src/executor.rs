@@ -393,10 +393,13 @@ impl Engine {
                         (Some(a), Some(b)) => Some(a.min(b)),
                         (a, b) => a.or(b),
                     };
+                    let began = std::time::Instant::now();
                     let invocation = self
                         .plugins
                         .invoke(&p.plugin, &ctx, &input, timeout_ms)
                         .await;
+                    self.metrics
+                        .record_plugin_invocation(&p.plugin, began.elapsed());
                     plugin_result(&p.plugin, invocation)
                 }
                 Err(e) => CallResult {

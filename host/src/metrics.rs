@@ -4,8 +4,10 @@
 //! lateness histogram has fixed buckets. Cluster-wide figures that live in Redis (Plans
 //! due, hosts alive) are read at scrape time.
 
+use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 use crate::model::PlanKind;
 
@@ -64,6 +66,33 @@ const OUTCOMES: [&str; 7] = [
     "cancelled",
 ];
 
+/// Most plugins given a series of their own in `kairos_plugin_invocation_seconds`:
+/// plugin names are the operator's (uploaded), but the bound keeps a scrape small even
+/// with many of them. Invocations of plugins past it are not timed per plugin (the
+/// `kairos_run_duration_seconds{action="plugin"}` histogram still counts them).
+const PLUGIN_SERIES_MAX: usize = 500;
+
+/// One histogram over [`DURATION_BUCKETS`]: cumulative bucket counts, count, sum.
+#[derive(Default, Clone)]
+struct Timings {
+    buckets: [u64; DURATION_BUCKETS.len()],
+    count: u64,
+    sum_us: u64,
+}
+
+impl Timings {
+    fn observe(&mut self, us: u64) {
+        let secs = us as f64 / 1e6;
+        for (bound, bucket) in DURATION_BUCKETS.iter().zip(&mut self.buckets) {
+            if secs <= *bound {
+                *bucket += 1;
+            }
+        }
+        self.count += 1;
+        self.sum_us += us;
+    }
+}
+
 /// The host's metrics.
 #[derive(Default)]
 pub struct Metrics {
@@ -85,6 +114,8 @@ pub struct Metrics {
     duration_sum_us: [AtomicU64; ACTIONS.len()],
     /// Retries by reason.
     retries: [AtomicU64; RETRY_REASONS.len()],
+    /// Plugin invocation times by plugin name (without its `@version`).
+    plugin_timings: Mutex<BTreeMap<String, Timings>>,
 }
 
 fn kind_index(kind: PlanKind) -> usize {
@@ -113,6 +144,22 @@ impl Metrics {
         }
         self.duration_count[a].fetch_add(1, Ordering::Relaxed);
         self.duration_sum_us[a].fetch_add(ms.max(0) as u64 * 1000, Ordering::Relaxed);
+    }
+
+    /// Times one invocation of a plugin (`name` or `name@version`; counted under the
+    /// name), from resolving its version to its answer.
+    pub fn record_plugin_invocation(&self, spec: &str, elapsed: std::time::Duration) {
+        let name = spec.split('@').next().unwrap_or(spec);
+        let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
+        let mut timings = self
+            .plugin_timings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = timings.get_mut(name) {
+            t.observe(us);
+        } else if timings.len() < PLUGIN_SERIES_MAX {
+            timings.entry(name.to_string()).or_default().observe(us);
+        }
     }
 
     /// Counts one retry, by its reason ([`retry_reason`]).
@@ -237,6 +284,40 @@ impl Metrics {
         }
         let _ = writeln!(
             out,
+            "# HELP kairos_plugin_invocation_seconds How long one invocation of a plugin took on this host (resolving its version, instantiating and running it), by plugin name."
+        );
+        let _ = writeln!(out, "# TYPE kairos_plugin_invocation_seconds histogram");
+        let timings = self
+            .plugin_timings
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for (name, t) in &timings {
+            let p = label_value(name);
+            for (bound, bucket) in DURATION_BUCKETS.iter().zip(&t.buckets) {
+                let _ = writeln!(
+                    out,
+                    "kairos_plugin_invocation_seconds_bucket{{plugin=\"{p}\",le=\"{bound}\"}} {bucket}"
+                );
+            }
+            let _ = writeln!(
+                out,
+                "kairos_plugin_invocation_seconds_bucket{{plugin=\"{p}\",le=\"+Inf\"}} {}",
+                t.count
+            );
+            let _ = writeln!(
+                out,
+                "kairos_plugin_invocation_seconds_sum{{plugin=\"{p}\"}} {}",
+                t.sum_us as f64 / 1e6
+            );
+            let _ = writeln!(
+                out,
+                "kairos_plugin_invocation_seconds_count{{plugin=\"{p}\"}} {}",
+                t.count
+            );
+        }
+        let _ = writeln!(
+            out,
             "# HELP kairos_retries_total Runs that will be retried, by reason."
         );
         let _ = writeln!(out, "# TYPE kairos_retries_total counter");
@@ -271,6 +352,14 @@ impl Metrics {
     }
 }
 
+/// A label value as the exposition format quotes it.
+pub fn label_value(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -287,6 +376,8 @@ mod tests {
         m.record_duration("webhook", 30);
         m.record_duration("plugin", 2_000);
         m.record_duration("", 5);
+        m.record_plugin_invocation("echo@2", std::time::Duration::from_millis(30));
+        m.record_plugin_invocation("echo", std::time::Duration::from_millis(3));
         m.record_retry(retry_reason(Some(503), false));
         m.record_retry(retry_reason(Some(599), false));
         m.record_retry(retry_reason(None, true));
@@ -309,6 +400,12 @@ mod tests {
         );
         assert!(text.contains("kairos_run_duration_seconds_count{action=\"plugin\"} 1\n"));
         assert!(text.contains("kairos_run_duration_seconds_sum{action=\"plugin\"} 2\n"));
+        assert!(text
+            .contains("kairos_plugin_invocation_seconds_bucket{plugin=\"echo\",le=\"0.005\"} 1\n"));
+        assert!(text
+            .contains("kairos_plugin_invocation_seconds_bucket{plugin=\"echo\",le=\"0.05\"} 2\n"));
+        assert!(text.contains("kairos_plugin_invocation_seconds_count{plugin=\"echo\"} 2\n"));
+        assert!(text.contains("kairos_plugin_invocation_seconds_sum{plugin=\"echo\"} 0.033\n"));
         assert!(text.contains("kairos_retries_total{reason=\"server_error\"} 1\n"));
         assert!(text.contains("kairos_retries_total{reason=\"connect_or_timeout\"} 1\n"));
         assert!(text.contains("kairos_retries_total{reason=\"plugin\"} 1\n"));

@@ -2,9 +2,13 @@
 //! `chromium`, driven over WebDriver through `chromedriver` (started here on a free port)
 //! with the `fantoccini` crate. A host with API tokens and a sink of its own: the page asks
 //! for the token, a read token is refused an act with the API's error shown, then an
-//! admin token books a Life, finds it listed, opens and cancels it, pauses a queue and
-//! runs a timer now; each is checked in the page and in Redis (or at the sink). A
-//! screenshot of every page is saved under `target/ui-screenshots/` for review.
+//! admin token books a Life, finds it listed, opens and cancels it, pauses a queue, runs
+//! a timer now and edits it, reschedules a Life, purges a queue, re-runs a task that
+//! failed for good, uploads a plugin (seeing the Lives and timers that use it, and its
+//! delete refused while they do) and deletes it; each is checked in the page and in
+//! Redis, through the API or at the sink. A screenshot of every page is saved under
+//! `target/ui-screenshots/` for review. Plugin uploads need the components built from
+//! `plugins/` (`scripts/test` builds them).
 //!
 //! Needs `chromium` and `chromedriver` (Debian: `apt-get install -y chromium
 //! chromium-driver`; `scripts/test` installs them). Without them it fails and says so.
@@ -188,6 +192,9 @@ impl Page {
             ),
         )
         .await;
+        // A notice still shown from an earlier act must not pass for this one's.
+        self.js("const n = document.getElementById('notice'); if (n) { n.hidden = true; n.dataset.kind = ''; } return 0")
+            .await;
         self.client
             .find(Locator::Css(css))
             .await
@@ -334,12 +341,12 @@ async fn an_operator_books_cancels_pauses_and_runs_in_a_real_browser() {
         base: format!("http://{}", host.addr),
     };
     let result = tokio::time::timeout(
-        Duration::from_secs(240),
+        Duration::from_secs(360),
         drive(&page, &redis, &sink, &ks, &admin),
     )
     .await;
     let _ = page.client.clone().close().await;
-    result.expect("the browser session finished within 240 s");
+    result.expect("the browser session finished within 360 s");
 }
 
 async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, admin: &Api) {
@@ -554,9 +561,285 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
     }
     page.screenshot("timer").await;
 
+    edit_a_timer(page, redis, ks).await;
+    reschedule_a_life(page, redis, ks, admin).await;
+    purge_a_queue(page, admin).await;
+    rerun_a_failed_task(page, sink, admin).await;
+    upload_and_delete_a_plugin(page, admin).await;
+}
+
+/// Polls the API until `check` holds of `path`'s answer; panics after `WAIT`.
+async fn wait_api(admin: &Api, path: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let (status, body) = admin.get(path).await;
+        if status == 200 && check(&body) {
+            return body;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: GET {path} answers {status} {body:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Edit a timer's schedule in its page: saved in Redis, shown in the page.
+async fn edit_a_timer(page: &Page, redis: &RedisServer, ks: &Keyspace) {
+    page.goto("#/timers/nightly").await;
+    page.ready("timers").await;
+    page.type_into("#edit-schedule", "30 4 * * *").await;
+    page.type_into("#edit-priority", "1").await;
+    page.click("#edit-timer button[type=submit]").await;
+    page.notice("ok").await;
+    let timer_key = ks.timer("nightly").timer("nightly");
+    wait_hash(redis, &timer_key, "schedule", "30 4 * * *").await;
+    assert_eq!(
+        hget(redis, &timer_key, "priority").await.as_deref(),
+        Some("1")
+    );
+    page.until(
+        "the new schedule on the timer's page",
+        "document.querySelector('main').dataset.ready === 'timers' && [...document.querySelectorAll('.card code')].some((c) => c.textContent === '30 4 * * *') && document.querySelector('#preview li') && document.querySelector('#preview li').textContent.includes('04:30')",
+    )
+    .await;
+    page.screenshot("timer-edited").await;
+}
+
+/// Move a Life's birth with the reschedule form (PATCH): the new time in the page, in
+/// Redis and through the API.
+async fn reschedule_a_life(page: &Page, redis: &RedisServer, ks: &Keyspace, admin: &Api) {
+    let (_, before) = admin.get("/schedules/api0booked").await;
+    let old_ms = before["birth_time_ms"].as_i64().unwrap();
+    page.goto("#/schedules/api0booked").await;
+    page.ready("schedules").await;
+    page.type_into("#patch-birth", "+90m").await;
+    let asked_ms = now_ms() + 90 * 60_000;
+    page.click("#reschedule button[type=submit]").await;
+    page.notice("ok").await;
+    let after = wait_api(admin, "/schedules/api0booked", "the new birth", |l| {
+        l["birth_time_ms"].as_i64() != Some(old_ms)
+    })
+    .await;
+    let new_ms = after["birth_time_ms"].as_i64().unwrap();
+    assert!(
+        (new_ms - asked_ms).abs() < 10_000,
+        "birth moved to {new_ms}, asked about {asked_ms}"
+    );
+    assert_eq!(plan(&after, "birth")["fire_at_ms"].as_i64(), Some(new_ms));
+    let key = ks.life("api0booked").life("api0booked");
+    assert_eq!(
+        hget(redis, &key, "birth_at_ms").await,
+        Some(new_ms.to_string()),
+        "the Life's hash in Redis"
+    );
+    // The page shows the API's time as it reads it (`T` a space, no fraction).
+    let birth = after["birth_time"].as_str().unwrap();
+    page.until(
+        "the new birth time in the page",
+        &format!(
+            "document.getElementById('life-state') && document.querySelector('tr[data-plan=birth] td:nth-child(3) span').title === {}",
+            json!(birth)
+        ),
+    )
+    .await;
+    page.screenshot("life-rescheduled").await;
+}
+
+/// Purge the paused queue from its page: its waiting task is gone.
+async fn purge_a_queue(page: &Page, admin: &Api) {
+    page.goto("#/queues/mail").await;
+    page.ready("queues").await;
+    assert_eq!(page.text("#queue-depth").await, "1");
+    page.click("#purge").await;
+    page.click("[data-confirm=yes]").await;
+    let said = page.notice("ok").await;
+    assert!(said.contains("purged"), "{said}");
+    page.until(
+        "the queue empty",
+        "document.getElementById('queue-depth') && document.getElementById('queue-depth').textContent === '0' && !document.querySelector('tr[data-task=welcome-1]')",
+    )
+    .await;
+    let (_, queue) = admin.get("/queues/mail").await;
+    assert_eq!(queue["tasks"]["pending"], 0, "{queue}");
+    assert_eq!(admin.get("/queues/mail/tasks/welcome-1").await.0, 404);
+}
+
+/// A task that failed for good (the sink answers 500, no retry) is listed as failed and
+/// re-run from the page; it then succeeds.
+async fn rerun_a_failed_task(page: &Page, sink: &Sink, admin: &Api) {
+    let (status, reply) = admin
+        .put("/queues/flaky", &json!({"retry": {"limit": 0}}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    sink.answer(&[500]);
+    let (status, reply) = admin
+        .post(
+            "/queues/flaky/tasks",
+            &json!({"name": "t1", "action": hook("flaky")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    wait_api(admin, "/queues/flaky", "the task failed", |q| {
+        q["tasks"]["failed"] == 1
+    })
+    .await;
+    page.goto("#/queues/flaky").await;
+    page.ready("queues").await;
+    page.until(
+        "the failed task with its error",
+        "document.querySelector('#failed tr[data-task=t1]') && document.querySelector('#failed tr[data-task=t1]').innerText.includes('500')",
+    )
+    .await;
+    page.screenshot("queue-failed").await;
+    page.click("#failed tr[data-task=t1] button[data-action=run-task]")
+        .await;
+    let said = page.notice("ok").await;
+    assert!(said.contains("re-run"), "{said}");
+    sink.wait_until("the task's second call", WAIT, |got| {
+        got.iter()
+            .filter(|r| r.header("x-kairos-task") == Some("t1"))
+            .count()
+            == 2
+    })
+    .await;
+    wait_api(admin, "/queues/flaky", "the task done", |q| {
+        q["tasks"]["failed"] == 0 && q["tasks"]["pending"] == 0 && q["tasks"]["running"] == 0
+    })
+    .await;
+    let deadline = Instant::now() + WAIT;
+    loop {
+        page.click("button.secondary").await;
+        page.ready("queues").await;
+        let gone = page
+            .js("return !document.querySelector('tr[data-task=t1]')")
+            .await;
+        if gone == json!(true) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the re-run task still shows");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The component file of a plugin built from `plugins/` (as `plugin_wasm` finds it).
+fn plugin_file(crate_name: &str) -> PathBuf {
+    let dir = std::env::var("KAIROS_PLUGINS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../target-plugins/wasm32-wasip2/release")
+        });
+    let file = dir.join(format!("{crate_name}.wasm"));
+    std::fs::canonicalize(&file).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; build the plugins first (scripts/test does: cargo build --release --target wasm32-wasip2 --manifest-path plugins/Cargo.toml --target-dir target-plugins)",
+            file.display()
+        )
+    })
+}
+
+/// Upload a component in the page, see how many Lives use it, be refused its delete
+/// while one does, then delete it.
+async fn upload_and_delete_a_plugin(page: &Page, admin: &Api) {
     page.goto("#/plugins").await;
     page.ready("plugins").await;
+    page.type_into("#upload-name", "noop").await;
+    // A file input takes the file's path as keys (chromedriver runs here).
+    let file = plugin_file("noop");
+    page.client
+        .find(Locator::Css("#upload-file"))
+        .await
+        .unwrap()
+        .send_keys(file.to_str().unwrap())
+        .await
+        .unwrap();
+    page.type_into("#upload-timeout", "5s").await;
+    page.click("#upload button[type=submit]").await;
+    page.notice("ok").await;
+    page.until(
+        "the uploaded plugin's page",
+        "location.hash === '#/plugins/noop' && document.querySelector('main').dataset.ready === 'plugins' && document.getElementById('plugin-lives')",
+    )
+    .await;
+    let (status, meta) = admin.get("/plugins/noop").await;
+    assert_eq!(status, 200, "{meta}");
+    assert_eq!(meta["version"], 1);
+    assert_eq!(meta["timeout_ms"], 5000);
+    assert_eq!(
+        meta["size"].as_u64(),
+        Some(std::fs::metadata(&file).unwrap().len()),
+        "the file's bytes, whole"
+    );
+    let digest = meta["digest"].as_str().unwrap().to_string();
+    assert!(page
+        .js("return document.querySelector('main').innerText")
+        .await
+        .as_str()
+        .unwrap()
+        .contains(&digest));
+    assert_eq!(page.text("#plugin-lives").await, "0");
+
+    // A Life and a timer use it: counted on its page and in the list.
+    book(
+        admin,
+        &point(
+            "uses0noop",
+            now_ms() + 3_600_000,
+            json!({"plugin": "noop", "input": {}}),
+        ),
+    )
+    .await;
+    let (status, reply) = admin
+        .post(
+            "/timers",
+            &json!({"name": "noop-timer", "schedule": "0 5 * * *", "action": {"plugin": "noop@1", "input": {}}, "active": false}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let (_, meta) = admin.get("/plugins/noop").await;
+    assert_eq!(meta["unfinished_lives"], 1, "{meta}");
+    assert_eq!(meta["timers"], json!(["noop-timer"]), "{meta}");
+    page.goto("#/plugins").await;
+    page.ready("plugins").await;
+    page.until(
+        "one Life using it in the list",
+        "document.querySelector('tr[data-plugin=noop] .lives-using').textContent === '1' && document.querySelector('tr[data-plugin=noop]').innerText.includes('noop-timer')",
+    )
+    .await;
     page.screenshot("plugins").await;
+    page.click("tr[data-plugin=noop] a").await;
+    page.until(
+        "the plugin's page with its users",
+        "location.hash === '#/plugins/noop' && document.getElementById('plugin-lives') && document.getElementById('plugin-lives').textContent === '1' && document.getElementById('plugin-timers').textContent.includes('noop-timer')",
+    )
+    .await;
+    page.screenshot("plugin").await;
+
+    // In use: the delete is refused with the API's code.
+    page.click("#delete-plugin").await;
+    page.click("[data-confirm=yes]").await;
+    let refused = page.notice("error").await;
+    assert!(refused.starts_with("plugin_in_use:"), "{refused}");
+    assert_eq!(admin.get("/plugins/noop").await.0, 200);
+
+    // Once nothing uses it, deleted; gone from the list and the API.
+    assert_eq!(admin.delete("/schedules/uses0noop").await.0, 200);
+    assert_eq!(admin.delete("/timers/noop-timer").await.0, 200);
+    page.click("button.secondary").await;
+    page.until(
+        "no user left",
+        "document.getElementById('plugin-lives') && document.getElementById('plugin-lives').textContent === '0' && document.getElementById('plugin-timers').textContent === 'none'",
+    )
+    .await;
+    page.click("#delete-plugin").await;
+    page.click("[data-confirm=yes]").await;
+    page.notice("ok").await;
+    page.until(
+        "the plugin list without it",
+        "location.hash === '#/plugins' && document.querySelector('main').dataset.ready === 'plugins' && !document.querySelector('tr[data-plugin=noop]')",
+    )
+    .await;
+    assert_eq!(admin.get("/plugins/noop").await.0, 404);
 }
 
 /// Without a browser: the page and its scripts answer without a token (with a policy

@@ -221,3 +221,164 @@ async fn queues_and_timers_have_series_of_their_own() {
     assert!(now - 10.0 < last && last <= now + 1.0, "{last} vs {now}");
     assert!(next > last && next <= now + 2.0, "{next} vs {now}");
 }
+
+/// Per-timer lateness of the last run, and plugin invocation time by plugin name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timer_lateness_and_plugin_invocation_time() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    upload_plugin(&api, "noop", "noop", "").await;
+    book(
+        &api,
+        &point(
+            "p1",
+            now_ms() + 1_000,
+            json!({"plugin": "noop@1", "input": {}}),
+        ),
+    )
+    .await;
+    let (status, body) = api
+        .post(
+            "/timers",
+            &json!({"name": "tick", "schedule": "* * * * * *", "timezone": "UTC", "action": hook("tick")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    api.wait_life("p1", Duration::from_secs(15), |l| state(l) == "Dead")
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let m = loop {
+        let m = scrape(&host).await;
+        if m.contains_key("kairos_timer_last_lateness_seconds{timer=\"tick\"}") {
+            break m;
+        }
+        assert!(std::time::Instant::now() < deadline, "{m:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let late = m["kairos_timer_last_lateness_seconds{timer=\"tick\"}"];
+    assert!(
+        (0.0..1.0).contains(&late),
+        "a timer slot started {late} s late"
+    );
+    // Counted under the plugin's name, whatever version the booking named.
+    assert_eq!(
+        m["kairos_plugin_invocation_seconds_count{plugin=\"noop\"}"],
+        1.0
+    );
+    assert_eq!(
+        m["kairos_plugin_invocation_seconds_bucket{plugin=\"noop\",le=\"+Inf\"}"],
+        1.0
+    );
+    assert!(m["kairos_plugin_invocation_seconds_sum{plugin=\"noop\"}"] > 0.0);
+    assert!(!m.keys().any(|k| k.contains("noop@")), "{m:?}");
+}
+
+/// `promtool check metrics` (Debian's `prometheus` package) finds nothing to say about
+/// the exposition of a host that has fired Lives (webhook and plugin), a timer and queue
+/// tasks, with a failure and a retry among them: no error and no lint warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exposition_passes_promtool_check_metrics() {
+    const INSTALL: &str = "apt-get install -y --no-install-recommends prometheus";
+    let promtool = ["/usr/bin/promtool", "/usr/local/bin/promtool"]
+        .into_iter()
+        .map(std::path::PathBuf::from)
+        .chain(
+            std::env::var_os("PATH")
+                .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| d.join("promtool")),
+        )
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!("promtool is not installed: `{INSTALL}` (scripts/test does this)")
+        });
+
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    upload_plugin(&api, "noop", "noop", "").await;
+    // A success, a retried 503, a failure (404), a plugin run.
+    sink.answer(&[200, 503, 200, 404]);
+    let at = now_ms() + 1_000;
+    book(&api, &point("w1", at, hook("w1"))).await;
+    let retried =
+        json!({"path": "/hook", "method": "POST", "retry_count": 1, "retry_interval": 0.1});
+    book(&api, &point("w2", at + 100, retried)).await;
+    book(&api, &point("w3", at + 400, hook("w3"))).await;
+    book(
+        &api,
+        &point("p1", at, json!({"plugin": "noop", "input": {}})),
+    )
+    .await;
+    let (status, body) = api
+        .put("/queues/mail", &json!({"rate": 5, "max_concurrent": 1}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api
+        .post(
+            "/queues/mail/tasks",
+            &json!([{"name": "now", "action": hook("now")},
+                    {"name": "later", "countdown": "1h", "action": hook("later")}]),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = api
+        .post(
+            "/timers",
+            &json!({"name": "tick", "schedule": "* * * * * *", "timezone": "UTC", "action": hook("tick")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    for id in ["w1", "w2", "w3", "p1"] {
+        api.wait_life(id, Duration::from_secs(15), |l| {
+            matches!(state(l), "Dead" | "Stillbirth")
+        })
+        .await;
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let (status, text) = api.text("/metrics").await;
+        assert_eq!(status, 200);
+        if text.contains("kairos_timer_last_lateness_seconds{timer=\"tick\"}")
+            && text.contains("kairos_runs_total{plan=\"task\",outcome=\"success\"} 1")
+        {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "{text}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        text.contains("kairos_retries_total{reason=\"server_error\"} 1"),
+        "{text}"
+    );
+
+    use std::io::Write;
+    let mut child = std::process::Command::new(&promtool)
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{} does not run ({e}): `{INSTALL}`", promtool.display()));
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics ({}) says:\n{said}\non:\n{text}",
+        out.status
+    );
+}

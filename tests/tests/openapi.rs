@@ -291,6 +291,14 @@ async fn schemas_hold_the_fields_the_spec_names() {
     let defer = params_of(&doc["paths"]["/defer/{path}"]["post"]);
     assert_eq!(defer["X-Kairos-Schedule-Datetime"]["in"], "header");
     assert_eq!(defer["path"]["in"], "path");
+
+    // A plugin's answers say who uses it (the dashboard's plugins page shows it).
+    for schema in ["PluginView", "PluginListItem"] {
+        let text = doc["components"]["schemas"][schema].to_string();
+        for field in ["\"unfinished_lives\"", "\"timers\"", "\"digest\""] {
+            assert!(text.contains(field), "{schema} lacks {field}: {text}");
+        }
+    }
 }
 
 fn params_of(op: &Value) -> BTreeMap<String, Value> {

@@ -273,15 +273,20 @@ pub(crate) async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError 
 /// scrape stays cheap with many of them.
 const PER_OBJECT_SERIES_MAX: usize = 500;
 
-/// A label value as the exposition format quotes it.
-fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+use crate::metrics::label_value as label;
+
+/// How many of a timer's newest runs are read for its last lateness.
+const RUNS_FOR_LATENESS: usize = 5;
+
+/// Start minus slot of the newest run that started (slots skipped without starting are
+/// passed over), in ms, never below 0.
+fn last_lateness_ms(runs: &[Value]) -> Option<i64> {
+    runs.iter()
+        .filter(|r| r["outcome"] != "skipped")
+        .find_map(|r| Some((r["started_at"].as_i64()? - r["should_run_at"].as_i64()?).max(0)))
 }
 
-/// Per-queue task counts and per-timer last outcome, last run and next run, for the
+/// Per-queue task counts and per-timer last outcome, lateness, last run and next run, for the
 /// first `PER_OBJECT_SERIES_MAX` queues and timers.
 async fn queue_and_timer_series(app: &crate::api::App) -> Result<String, ApiError> {
     use std::fmt::Write;
@@ -312,6 +317,15 @@ async fn queue_and_timer_series(app: &crate::api::App) -> Result<String, ApiErro
         }
     }
     let timers = app.store.timer_list().await?;
+    let timers = &timers[..timers.len().min(PER_OBJECT_SERIES_MAX)];
+    // Each timer's newest runs (a few: slots skipped after a run are logged after it),
+    // all read at once.
+    let recent = futures_util::future::try_join_all(
+        timers
+            .iter()
+            .map(|(name, _, _)| app.store.timer_runs(name, RUNS_FOR_LATENESS)),
+    )
+    .await?;
     let mut outcome = String::from(
         "# HELP kairos_timer_last_outcome The outcome of a timer's last run (1 for the outcome it had).\n# TYPE kairos_timer_last_outcome gauge\n",
     );
@@ -321,8 +335,18 @@ async fn queue_and_timer_series(app: &crate::api::App) -> Result<String, ApiErro
     let mut next = String::from(
         "# HELP kairos_timer_next_run_timestamp_seconds When a timer runs next (absent while inactive).\n# TYPE kairos_timer_next_run_timestamp_seconds gauge\n",
     );
-    for (name, timer, plan) in timers.iter().take(PER_OBJECT_SERIES_MAX) {
+    let mut lateness = String::from(
+        "# HELP kairos_timer_last_lateness_seconds How late a timer's last run started against its slot (its should-run-at time).\n# TYPE kairos_timer_last_lateness_seconds gauge\n",
+    );
+    for ((name, timer, plan), runs) in timers.iter().zip(&recent) {
         let t = label(name);
+        if let Some(late_ms) = last_lateness_ms(runs) {
+            let _ = writeln!(
+                lateness,
+                "kairos_timer_last_lateness_seconds{{timer=\"{t}\"}} {}",
+                late_ms as f64 / 1000.0
+            );
+        }
         if let Some(o) = timer.get("last_outcome") {
             let _ = writeln!(
                 outcome,
@@ -356,6 +380,7 @@ async fn queue_and_timer_series(app: &crate::api::App) -> Result<String, ApiErro
         }
     }
     out.push_str(&outcome);
+    out.push_str(&lateness);
     out.push_str(&last);
     out.push_str(&next);
     Ok(out)

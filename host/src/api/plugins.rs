@@ -21,7 +21,7 @@ use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
 use utoipa_axum::routes;
 
 use super::schedules::ForceQuery;
-use super::views::{Deleted, PluginList, PluginView};
+use super::views::{Deleted, PluginList, PluginUsage, PluginView};
 use super::{body_bytes, Shared};
 use crate::config::parse_duration;
 use crate::error::{ApiError, ErrorBody};
@@ -182,7 +182,36 @@ async fn upload_plugin(
     Ok((StatusCode::CREATED, Json(json!(meta))))
 }
 
-/// Every plugin's latest version.
+/// Who uses each of `names`: unfinished Lives and timers, read at once. The store's count
+/// (`plugin_users`, what DELETE refuses on) is of Lives and timers together; the timers
+/// are told apart here by their actions.
+async fn usage(app: &Shared, names: &[&str]) -> Result<Vec<PluginUsage>, ApiError> {
+    let timers = app.store.timer_list().await?;
+    let users =
+        futures_util::future::try_join_all(names.iter().map(|n| app.store.plugin_users(n))).await?;
+    Ok(names
+        .iter()
+        .zip(users)
+        .map(|(name, users)| {
+            let timers: Vec<String> = timers
+                .iter()
+                .filter(|(_, t, _)| {
+                    t.get("action")
+                        .and_then(|a| serde_json::from_str::<Value>(a).ok())
+                        .and_then(|a| a["plugin"].as_str().map(str::to_string))
+                        .is_some_and(|p| p.split('@').next() == Some(name))
+                })
+                .map(|(timer, _, _)| timer.clone())
+                .collect();
+            PluginUsage {
+                unfinished_lives: users.saturating_sub(timers.len() as u64),
+                timers,
+            }
+        })
+        .collect())
+}
+
+/// Every plugin's latest version, with the unfinished Lives and timers that use it.
 #[utoipa::path(
     get,
     path = "/plugins",
@@ -191,10 +220,23 @@ async fn upload_plugin(
 )]
 async fn list_plugins(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
     let plugins = app.plugins.registry().list().await?;
+    let names: Vec<&str> = plugins.iter().map(|p| p.name.as_str()).collect();
+    let usage = usage(&app, &names).await?;
+    let plugins: Vec<Value> = plugins
+        .iter()
+        .zip(usage)
+        .map(|(p, u)| {
+            let mut item = json!(p);
+            item["unfinished_lives"] = json!(u.unfinished_lives);
+            item["timers"] = json!(u.timers);
+            item
+        })
+        .collect();
     Ok(Json(json!({ "plugins": plugins })))
 }
 
-/// A plugin's latest version and every version.
+/// A plugin's latest version, every version, and the unfinished Lives and timers that
+/// use it.
 #[utoipa::path(
     get,
     path = "/plugins/{name}",
@@ -217,6 +259,9 @@ async fn show_plugin(
     };
     let mut view = json!(latest);
     view["versions"] = json!(versions);
+    let u = usage(&app, &[&name]).await?.remove(0);
+    view["unfinished_lives"] = json!(u.unfinished_lives);
+    view["timers"] = json!(u.timers);
     Ok(Json(view))
 }
 

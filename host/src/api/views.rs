@@ -346,16 +346,42 @@ pub(crate) struct LeaseChanged {
 /// `GET /plugins`.
 #[derive(serde::Serialize, ToSchema)]
 pub(crate) struct PluginList {
-    plugins: Vec<crate::plugins::registry::PluginMeta>,
+    plugins: Vec<PluginListItem>,
 }
 
-/// `GET /plugins/{name}`: its latest version, and every version.
+/// One plugin of `GET /plugins`: its latest version, and who uses it.
+#[derive(serde::Serialize, ToSchema)]
+pub(crate) struct PluginListItem {
+    #[schema(inline)]
+    #[serde(flatten)]
+    latest: crate::plugins::registry::PluginMeta,
+    #[schema(inline)]
+    #[serde(flatten)]
+    usage: PluginUsage,
+}
+
+/// Who uses a plugin (any version), read when asked: what `DELETE /plugins/{name}`
+/// counts before it refuses.
+#[derive(serde::Serialize, ToSchema)]
+pub(crate) struct PluginUsage {
+    /// Unfinished Lives (Inexistent or Alive) booked with it, in every shard.
+    #[schema(example = 2)]
+    pub unfinished_lives: u64,
+    /// Timers whose action is this plugin (active or not), by name.
+    #[schema(example = json!(["nightly"]))]
+    pub timers: Vec<String>,
+}
+
+/// `GET /plugins/{name}`: its latest version, every version, and who uses it.
 #[derive(serde::Serialize, ToSchema)]
 pub(crate) struct PluginView {
     #[schema(inline)]
     #[serde(flatten)]
     latest: crate::plugins::registry::PluginMeta,
     versions: Vec<crate::plugins::registry::PluginMeta>,
+    #[schema(inline)]
+    #[serde(flatten)]
+    usage: PluginUsage,
 }
 
 /// `/healthz` and `/readyz`.

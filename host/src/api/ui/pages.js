@@ -448,25 +448,18 @@ async function queue(view, ctx, name) {
 // Plugins
 // ---------------------------------------------------------------------------------------
 
-/// Timers whose action is the plugin `name` (any version).
-function timersUsing(allTimers, name) {
-  return allTimers.filter((t) => {
-    const p = t.action && t.action.plugin;
-    return typeof p === 'string' && (p === name || p.startsWith(`${name}@`));
-  });
-}
-
 async function plugins(view, ctx) {
   if (ctx.args.length) return plugin(view, ctx, ctx.args[0]);
-  const [list, allTimers] = await Promise.all([api('GET', '/plugins'), api('GET', '/timers')]);
+  const list = await api('GET', '/plugins');
   const rows = list.plugins.map((p) => h('tr', { dataset: { plugin: p.name } },
     h('td', {}, link(p.name, 'plugins', p.name)), h('td', {}, `v${p.version}`),
     h('td', { class: 'mono', title: p.digest }, p.digest.slice(0, 12)), h('td', {}, `${(p.size / 1024).toFixed(0)} KiB`),
     h('td', {}, (p.allowed_hosts || []).join(', ') || 'none'), h('td', {}, p.uploaded_at),
-    h('td', {}, timersUsing(allTimers.items, p.name).map((t) => [link(t.name, 'timers', t.name), ' ']))));
+    h('td', { class: 'lives-using' }, String(p.unfinished_lives ?? '')),
+    h('td', {}, (p.timers || []).map((t) => [link(t, 'timers', t), ' ']))));
   fill(view,
     heading('Plugins', refreshButton(ctx)),
-    table(['Name', 'Version', 'Digest', 'Size', 'May call', 'Uploaded', 'Timers using it'], rows, 'No plugin uploaded.'),
+    table(['Name', 'Version', 'Digest', 'Size', 'May call', 'Uploaded', 'Unfinished Lives using it', 'Timers using it'], rows, 'No plugin uploaded.'),
     uploadForm());
 }
 
@@ -490,8 +483,8 @@ function uploadForm(fixedName) {
 
 async function plugin(view, ctx, name) {
   const path = `/plugins/${encodeURIComponent(name)}`;
-  const [p, allTimers] = await Promise.all([api('GET', path), api('GET', '/timers')]);
-  const using = timersUsing(allTimers.items, name);
+  const p = await api('GET', path);
+  const using = p.timers || [];
   const del = (force) => (b) => act(b, `Plugin ${name} deleted`,
     () => api('DELETE', path, { query: force ? { force: 'true' } : undefined }), () => { location.hash = '#/plugins'; });
   fill(view,
@@ -504,8 +497,8 @@ async function plugin(view, ctx, name) {
       ['Digest', h('code', {}, p.digest)],
       ['May call', (p.allowed_hosts || []).join(', ') || 'none'],
       ['Limits', `${p.memory_mb} MiB, ${duration(p.timeout_ms)}`],
-      p.unfinished_users !== undefined ? ['Unfinished Lives and timers using it', h('span', { id: 'plugin-users' }, String(p.unfinished_users))] : null,
-      ['Timers using it', using.length ? using.map((t) => [link(t.name, 'timers', t.name), ' ']) : 'none'],
+      ['Unfinished Lives using it', h('span', { id: 'plugin-lives' }, String(p.unfinished_lives ?? 0))],
+      ['Timers using it', h('span', { id: 'plugin-timers' }, using.length ? using.map((t) => [link(t, 'timers', t), ' ']) : 'none')],
     ])),
     h('section', { class: 'card' }, h('h2', {}, 'Versions'),
       table(['Version', 'Digest', 'Size', 'May call', 'Memory', 'Timeout', 'Uploaded'], [...p.versions].reverse().map((v) => h('tr', {},
