@@ -124,6 +124,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         },
     )
     .context("cannot start the plugin runtime")?;
+    tokio::spawn(plugins.clone().keep_warm(shutdown_rx.clone()));
     let engine = Engine::new(
         store.clone(),
         config.clone(),

@@ -1384,3 +1384,55 @@ async fn a_new_version_keeps_the_limits_its_upload_does_not_change() {
         "{reply}"
     );
 }
+
+/// A plugin uploaded through one host is prepared (compiled, cached, linked) by every
+/// other host on its own, before any of its runs: its first firing there pays no
+/// compilation (issue 16). Each host has a data directory of its own here, so the
+/// compiled artifact in the second host's cache can only come from its own warming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_uploaded_on_one_host_is_prepared_by_the_others() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let (dir_a, dir_b) = (TempDir::new("warm-a"), TempDir::new("warm-b"));
+    let a = Host::start_in(&redis.url(), &flags(&sink, &[]), &dir_a.0);
+    let b = Host::start_in(&redis.url(), &flags(&sink, &[]), &dir_b.0);
+    let meta = upload_plugin(&Api::new(&a), "fwd", "http-forward", &allow_sink(&sink)).await;
+    let digest = meta["digest"].as_str().unwrap().to_string();
+    let cached = |dir: &std::path::Path| {
+        std::fs::read_dir(dir.join("plugin-cache"))
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .any(|e| e.file_name().to_string_lossy().starts_with(&digest))
+            })
+            .unwrap_or(false)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cached(&dir_b.0) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the second host did not prepare the plugin: {}",
+            b.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        cached(&dir_a.0),
+        "the uploading host keeps what it compiled"
+    );
+    let log = b.log_text();
+    assert!(
+        log.contains("plugin ready") && log.contains("plugin=fwd") && log.contains(&digest),
+        "{log}"
+    );
+    // Nothing ran: the plugin was prepared ahead of any firing.
+    assert!(sink.received().is_empty());
+    // A host started later prepares it at startup, from Redis.
+    let dir_c = TempDir::new("warm-c");
+    let c = Host::start_in(&redis.url(), &flags(&sink, &[]), &dir_c.0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cached(&dir_c.0) {
+        assert!(std::time::Instant::now() < deadline, "{}", c.log_text());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

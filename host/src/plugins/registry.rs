@@ -295,6 +295,13 @@ impl Registry {
         Ok(conn.get(self.key(&format!("wasm:{digest}"))).await?)
     }
 
+    /// The last version number given to each name (`plugin-versions`): it changes with
+    /// every upload, so a host that reads it now and then learns of new versions.
+    pub async fn version_counters(&self) -> Result<HashMap<String, String>, ApiError> {
+        let mut conn = self.conn.clone();
+        Ok(conn.hgetall(self.key("plugin-versions")).await?)
+    }
+
     /// Every plugin's latest version, by name.
     pub async fn list(&self) -> Result<Vec<PluginMeta>, ApiError> {
         let mut conn = self.conn.clone();

@@ -32,6 +32,8 @@ use crate::config::AllowedHost;
 use crate::model::PlanKind;
 use crate::outbound::OutboundPolicy;
 
+/// How often a host looks for new plugin versions to prepare.
+const WARM_EVERY: Duration = Duration::from_secs(1);
 /// How often the epoch advances; a spinning guest yields this often.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// The largest `memory_mb` an upload may ask for.
@@ -467,6 +469,69 @@ impl PluginRuntime {
         self.settings
             .cache_dir
             .join(format!("{digest}-{:016x}.cwasm", hasher.finish()))
+    }
+
+    /// Keeps every plugin's latest version ready on this host, so that its first firing
+    /// here costs what later ones do: at startup, and within `WARM_EVERY` of an upload on
+    /// any host (it watches the registry's version counters), it loads each latest
+    /// version: from the disk cache when this host compiled it before, else from Redis,
+    /// compiled and cached. At most [`MAX_RESIDENT_COMPONENTS`] plugins are kept warm.
+    pub async fn keep_warm(self: Arc<Self>, mut shutdown: crate::scheduler::ShutdownSignal) {
+        let mut seen = None;
+        loop {
+            match self.registry().version_counters().await {
+                Ok(counters) if Some(&counters) != seen.as_ref() => {
+                    self.warm_latest().await;
+                    seen = Some(counters);
+                }
+                Ok(_) => {}
+                Err(e) => tracing::debug!(error = %e.message, "cannot read the plugin registry"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(WARM_EVERY) => {}
+                _ = crate::scheduler::until_shutdown(&mut shutdown) => return,
+            }
+        }
+    }
+
+    /// Loads the latest version of every plugin (the newest uploads first).
+    async fn warm_latest(&self) {
+        let mut latest = match self.registry().list().await {
+            Ok(list) => list,
+            Err(e) => {
+                tracing::debug!(error = %e.message, "cannot list the plugins to warm");
+                return;
+            }
+        };
+        latest.sort_by_key(|m| std::cmp::Reverse(m.uploaded_at_ms));
+        for meta in latest.iter().take(MAX_RESIDENT_COMPONENTS) {
+            let started = std::time::Instant::now();
+            match self.load(&meta.digest).await {
+                Ok(_) => tracing::info!(
+                    plugin = %meta.name,
+                    version = meta.version,
+                    digest = %meta.digest,
+                    ms = started.elapsed().as_millis() as u64,
+                    "plugin ready"
+                ),
+                Err(e) => tracing::warn!(
+                    plugin = %meta.name,
+                    version = meta.version,
+                    error = %e.message(&meta.name),
+                    "cannot prepare a plugin; its first run will try again"
+                ),
+            }
+        }
+    }
+
+    /// Whether a digest's component is loaded in memory now (for tests of warming).
+    pub fn is_resident(&self, digest: &str) -> bool {
+        self.loaded
+            .lock()
+            .expect("plugin cache")
+            .by_digest
+            .get(digest)
+            .is_some_and(|(cell, _)| cell.initialized())
     }
 
     /// The pre-linked component of a digest: from memory, the disk cache, or Redis.
