@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use kairos_e2e::{fast_flags, flags_with, now_ms, rfc3339_ms, Api, Host, RedisServer};
+use kairos_e2e::{
+    fast_flags, flags_with, now_ms, plugin_wasm, rfc3339_ms, Api, Host, RedisServer, TempDir,
+};
 use serde_json::json;
 
 /// Arrivals at the bench sink: (ETA the host sent, receive time), both epoch ms.
@@ -713,6 +715,126 @@ async fn main() {
     if args.iter().any(|a| a == "memory") {
         bench_memory().await;
     }
+    if args.iter().any(|a| a == "plugin-first-fire") {
+        bench_plugin_first_fire().await;
+    }
+}
+
+/// A component with a custom section appended (`kairos-bench` = `n`): the same code
+/// under a new digest, which no host has compiled yet.
+fn with_custom_section(component: &[u8], n: u32) -> Vec<u8> {
+    let name = b"kairos-bench";
+    let payload = n.to_le_bytes();
+    let mut out = component.to_vec();
+    out.push(0); // a custom section
+    out.push((1 + name.len() + payload.len()) as u8); // its size (LEB128, < 128)
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out.extend_from_slice(&payload);
+    out
+}
+
+/// A plugin's first firing on a host that did not take its upload (issue 16: it should
+/// cost what later firings do). Each round uploads `http-forward` under a new digest
+/// through host A, stops A, and lets host B, which prepared the upload on its own, fire
+/// two Lives with it; the run durations come from the Lives' history.
+async fn bench_plugin_first_fire() {
+    println!("## A plugin's first firing on another host\n");
+    let redis = RedisServer::start_with_fsync("everysec");
+    let (sink_url, sink) = start_sink().await;
+    let sink_addr = sink_url.trim_start_matches("http://").to_string();
+    let flags = flags_with(
+        fast_flags(),
+        &[
+            ("--gateway-url", sink_url.as_str()),
+            ("--allowed-hosts", sink_addr.as_str()),
+        ],
+    );
+    let dir_b = TempDir::new("first-fire-b");
+    let b = Host::start_in(&redis.url(), &flags, &dir_b.0);
+    let api_b = Api::new(&b);
+    let base = plugin_wasm("http-forward");
+    println!(
+        "| round | B prepared it in (compile, link) | first firing on B | second firing on B |"
+    );
+    println!("|---|---|---|---|");
+    for round in 0..5u32 {
+        let dir_a = TempDir::new("first-fire-a");
+        let mut a = Host::start_in(&redis.url(), &flags, &dir_a.0);
+        let (status, meta) = Api::new(&a)
+            .raw(
+                hyper::Method::PUT,
+                &format!("/plugins/fwd?allowed_hosts={sink_addr}"),
+                with_custom_section(&base, round),
+                &[("content-type", "application/wasm")],
+            )
+            .await;
+        assert_eq!(status, 201, "{meta}");
+        a.terminate(Duration::from_secs(10));
+        drop(a);
+        let digest = meta["digest"].as_str().unwrap().to_string();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let prepared_ms = loop {
+            let log = b.log_text();
+            if let Some(line) = log
+                .lines()
+                .find(|l| l.contains("plugin ready") && l.contains(&digest))
+            {
+                break line
+                    .split("ms=")
+                    .nth(1)
+                    .and_then(|t| t.split_whitespace().next())
+                    .unwrap_or("?")
+                    .to_string();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "B did not prepare round {round}: {log}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        let arrived = sink.arrivals.lock().unwrap().len();
+        let mut ids = Vec::new();
+        for k in 0..2 {
+            let body = json!({"birth_time": rfc3339_ms(now_ms() + 1_500 + k * 500),
+                "birth": {"plugin": format!("fwd@{}", meta["version"]), "input": {"url": format!("{sink_url}/hook"), "body": {"round": round}}}});
+            let (status, reply) = api_b
+                .raw(
+                    hyper::Method::POST,
+                    "/schedules",
+                    serde_json::to_vec(&body).unwrap(),
+                    &[],
+                )
+                .await;
+            assert_eq!(status, 200, "{reply}");
+            ids.push(reply["life_uuid"].as_str().unwrap().to_string());
+        }
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while sink.arrivals.lock().unwrap().len() < arrived + 2 {
+            assert!(Instant::now() < deadline, "round {round} did not fire");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let mut ms = Vec::new();
+        for id in &ids {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let (_, life) = api_b.get(&format!("/schedules/{id}")).await;
+                if let Some(d) = life["history"][0]["duration_ms"].as_i64() {
+                    ms.push(d);
+                    break;
+                }
+                assert!(Instant::now() < deadline, "no history for {id}: {life}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        println!(
+            "| {} | {prepared_ms} ms | {} ms | {} ms |",
+            round + 1,
+            ms[0],
+            ms[1]
+        );
+    }
+    println!();
 }
 
 /// POSTs `count` bodies to `path` over `clients` keep-alive clients, `body(i)` each,
