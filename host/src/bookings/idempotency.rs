@@ -89,10 +89,22 @@ pub fn derived_life_id(key: &str, placement: Placement, resource_id: Option<&str
         Some(rid) => placement.resource(rid),
         None => placement.idempotency(key),
     };
+    // One hash of the key, then candidates that differ in their last four bytes: with
+    // S shards about S tries, each a hex encoding and an FNV hash, not a SHA-256.
+    let mut hash = Sha256::new();
+    hash.update(b"kairos idempotency-key life id\0");
+    hash.update(key.as_bytes());
+    let base: [u8; 16] = hash.finalize()[..16].try_into().expect("16 bytes");
+    let tail = u32::from_be_bytes(base[12..].try_into().expect("4 bytes"));
+    let candidate = |n: u32| {
+        let mut id = base;
+        id[12..].copy_from_slice(&(tail ^ n).to_be_bytes());
+        hex::encode(id)
+    };
     (0..100_000)
-        .map(|n| derived_id(key, n))
+        .map(candidate)
         .find(|id| placement.home(id) == want)
-        .unwrap_or_else(|| derived_id(key, 0))
+        .unwrap_or_else(|| candidate(0))
 }
 
 /// The answer to a call whose key's record answered: the first call's answer again, or
