@@ -125,3 +125,56 @@ need_test_venv() {
     echo "cannot install cronsim, croniter and schemathesis from PyPI into $venv" >&2; exit 1; }
   TEST_PYTHON="$venv/bin/python"
 }
+
+# componentize-py from PyPI, pinned (its CLI and the Python modules it generates for a
+# WIT world change between releases), in a virtual environment of its own,
+# target/componentize-py-venv, kept between runs. Sets COMPONENTIZE_PY. With
+# KAIROS_NO_INSTALL=1 (the end-to-end tests) it installs nothing and says what to run.
+COMPONENTIZE_PY_VERSION=0.25.1
+need_componentize_py() {
+  venv=target/componentize-py-venv
+  COMPONENTIZE_PY="$venv/bin/componentize-py"
+  if "$COMPONENTIZE_PY" --version 2>/dev/null | grep -qx "componentize-py $COMPONENTIZE_PY_VERSION"; then
+    return
+  fi
+  install="python3 -m venv $venv && $venv/bin/python -m pip install componentize-py==$COMPONENTIZE_PY_VERSION"
+  if [ "${KAIROS_NO_INSTALL:-}" = 1 ]; then
+    echo "componentize-py $COMPONENTIZE_PY_VERSION is missing: $install (scripts/test does this)" >&2
+    return 1
+  fi
+  if [ ! -x "$venv/bin/python" ]; then
+    command -v python3 >/dev/null 2>&1 || { echo "python3 is missing: apt-get install -y python3 python3-venv" >&2; return 1; }
+    if ! python3 -m venv "$venv" >/dev/null 2>&1; then
+      if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+      fi
+      rm -rf "$venv"
+      python3 -m venv "$venv" || { echo "python3 cannot make a virtual environment: apt-get install -y python3-venv" >&2; return 1; }
+    fi
+  fi
+  echo "installing componentize-py $COMPONENTIZE_PY_VERSION (pip)…" >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION" || {
+    echo "cannot install componentize-py from PyPI: $install" >&2; return 1; }
+}
+
+# Builds each Python plugin, plugins/python-*/ (its module app.py, with the SDK in
+# guest-sdk/python), into target-plugins/python/{name with _}.wasm against wit/; a
+# component newer than its sources, the SDK, wit/ and the pinned version is kept.
+build_python_plugins() {
+  need_componentize_py || return 1
+  mkdir -p target-plugins/python
+  for dir in plugins/python-*/; do
+    name=$(basename "$dir")
+    out="target-plugins/python/${name//-/_}.wasm"
+    stamp="$out.componentize-py-$COMPONENTIZE_PY_VERSION"
+    if [ -f "$out" ] && [ -f "$stamp" ] &&
+      [ -z "$(find "$dir" guest-sdk/python/kairos_guest wit -type f -newer "$out" -print -quit)" ]; then
+      continue
+    fi
+    echo "building $out (componentize-py)…" >&2
+    rm -f "$out".componentize-py-*
+    "$COMPONENTIZE_PY" -q -d wit -w kairos:plugin/action componentize \
+      -p "$dir" -p guest-sdk/python app -o "$out.tmp" >&2 || { rm -f "$out.tmp"; return 1; }
+    mv "$out.tmp" "$out" && touch "$stamp"
+  done
+}

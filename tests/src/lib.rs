@@ -566,6 +566,35 @@ pub fn plugin_wasm(crate_name: &str) -> Vec<u8> {
     })
 }
 
+/// The bytes of a Python plugin, `plugins/python-{name}` built with componentize-py
+/// (`build_python_plugins` in scripts/lib.sh, which keeps a component newer than its
+/// sources). Built here when stale; nothing is installed: a missing componentize-py
+/// fails the test with the command that installs it (scripts/test runs it).
+pub fn python_plugin_wasm(name: &str) -> Vec<u8> {
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let built = BUILT.get_or_init(|| {
+        let out = Command::new("bash")
+            .args(["-c", ". scripts/lib.sh && build_python_plugins"])
+            .current_dir(workspace_dir())
+            .env("KAIROS_NO_INSTALL", "1")
+            .output()
+            .map_err(|e| format!("cannot run bash: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    });
+    if let Err(e) = built {
+        panic!("cannot build the Python plugins: {e}");
+    }
+    let file = workspace_dir().join(format!(
+        "target-plugins/python/python_{}.wasm",
+        name.replace('-', "_")
+    ));
+    std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()))
+}
+
 /// Uploads a plugin component as `name` with the given query (`allowed_hosts=...&...`);
 /// the host must answer 201. Returns the registered version's description.
 pub async fn upload_plugin(api: &Api, name: &str, crate_name: &str, query: &str) -> Value {

@@ -1436,3 +1436,96 @@ async fn a_plugin_uploaded_on_one_host_is_prepared_by_the_others() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A Python plugin (`plugins/python-forward`, built with componentize-py against
+/// `wit/` and the SDK in `guest-sdk/python`) uploaded, booked and fired like a Rust one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for_good() {
+    let wasm = python_plugin_wasm("forward");
+    let (_redis, sink, _host, api) = start().await;
+    let (status, meta) = api
+        .raw(
+            Method::PUT,
+            &format!("/plugins/py-forward?{}&timeout=10s", allow_sink(&sink)),
+            wasm.clone(),
+            &[("content-type", "application/wasm")],
+        )
+        .await;
+    assert_eq!(status, 201, "upload refused: {meta:#}");
+    assert_eq!(meta["size"], wasm.len());
+
+    let at = now_ms() + 1_500;
+    let ok = "7f000000-0000-4000-8000-0000000000a1";
+    let bad_input = "7f000000-0000-4000-8000-0000000000a2";
+    let refused = "7f000000-0000-4000-8000-0000000000a3";
+    let input = |path: &str| {
+        json!({
+            "url": format!("{}{path}", sink.base_url()),
+            "headers": {"x-custom": "yes"},
+            "body": {"order": 42, "note": "né"},
+        })
+    };
+    book(
+        &api,
+        &plugin_point(ok, at, "py-forward", input("/forwarded?x=1")),
+    )
+    .await;
+    book(
+        &api,
+        &plugin_point(bad_input, at, "py-forward", json!({"body": {}})),
+    )
+    .await;
+
+    let life = wait_finished(&api, ok).await;
+    assert_eq!(state(&life), "Dead", "{life:#}");
+    let run = only_run(&life);
+    assert_eq!(run["output"], json!({"status": 200}), "{run:#}");
+    let logs: Vec<String> = serde_json::from_value(run["logs"].clone()).unwrap();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("POST") && l.ends_with("-> 200")),
+        "{logs:?}"
+    );
+    let got = sink.received();
+    assert_eq!(got.len(), 1, "one outbound call");
+    let call = &got[0];
+    assert_eq!(
+        (call.method.as_str(), call.path.as_str()),
+        ("POST", "/forwarded")
+    );
+    assert_eq!(call.query.as_deref(), Some("x=1"));
+    assert_eq!(call.header("x-custom"), Some("yes"));
+    assert_eq!(call.header("x-kairos-life"), Some(ok));
+    assert_eq!(
+        call.header("idempotency-key"),
+        Some(format!("{ok}:{at}").as_str())
+    );
+    assert_eq!(call.header("content-type"), Some("application/json"));
+    // Sent whole, with its length, as the Rust SDK and a webhook do.
+    assert_eq!(
+        call.header("content-length"),
+        Some(call.body.len().to_string().as_str())
+    );
+    assert_eq!(call.header("transfer-encoding"), None);
+    let body: Value = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(body, json!({"order": 42, "note": "né"}));
+    assert!(call.at_ms >= at, "ran {} ms early", at - call.at_ms);
+
+    // An input the plugin's dataclass does not take fails at once, naming the field.
+    let life = wait_finished(&api, bad_input).await;
+    assert_eq!(state(&life), "Stillbirth", "{life:#}");
+    let error = only_run(&life)["error"].as_str().unwrap().to_string();
+    assert!(error.contains("missing field `url`"), "{error}");
+
+    // A 404 is `Error.fatal`: one run, no retry, though the action allows three.
+    sink.answer(&[404]);
+    let mut action = plugin_point(refused, now_ms() + 1_000, "py-forward", input("/gone"));
+    action["birth"]["retry_count"] = json!(3);
+    action["birth"]["retry_interval"] = json!(1);
+    book(&api, &action).await;
+    let life = wait_finished(&api, refused).await;
+    assert_eq!(state(&life), "Stillbirth", "{life:#}");
+    let error = only_run(&life)["error"].as_str().unwrap().to_string();
+    assert!(error.contains("/gone answered 404"), "{error}");
+    assert_eq!(sink.received().len(), 2);
+}

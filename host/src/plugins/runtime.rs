@@ -265,8 +265,11 @@ pub struct PluginRuntime {
 fn engine_config(instances: u32, keep_resident: usize, pagemap_scan: bool) -> Config {
     let mut pool = PoolingAllocationConfig::default();
     pool.total_component_instances(instances)
-        // A Rust component has a handful of core instances and tables, one memory.
-        .total_core_instances(instances * 8)
+        // A Rust component has a handful of core instances and tables, one memory; a
+        // componentize-py (Python) one instantiates 14 core modules (CPython, libc and
+        // their shims, linked dynamically) with two tables. A core instance slot is
+        // bookkeeping only (no memory is reserved for it), so allow 32.
+        .total_core_instances(instances * 32)
         .total_memories(instances * 2)
         .total_tables(instances * 8)
         .total_stacks(instances)
@@ -695,21 +698,22 @@ impl PluginRuntime {
             plugin_name: meta.name.clone(),
             plugin_version: meta.version,
         };
-        // `run` is called through a typed function whose strings stay in the guest's
-        // memory (`WasmStr`) until the host copies the part it keeps: the output and the
-        // error message go into the Plan's history (and so Redis), at most
-        // MAX_OUTPUT_BYTES of each, and nothing larger ever crosses into the host.
+        // The output and the error message go into the Plan's history (and so Redis),
+        // at most MAX_OUTPUT_BYTES of each. They are copied out whole (at most wasmtime's
+        // 16 MiB a value): wasmtime calls the guest's post-return, which frees them,
+        // before `call_async` returns, so a `WasmStr` read afterwards reads freed guest
+        // memory (componentize-py components reuse it at once: invalid UTF-8).
         let call = async {
             let instance = pre.instance_pre().instantiate_async(&mut store).await?;
             let run = instance
-                .get_typed_func::<(wit::Context, &str), (Result<WasmStr, ErrorRef>,)>(
+                .get_typed_func::<(wit::Context, &str), (Result<String, RunError>,)>(
                     &mut store, "run",
                 )?;
             let (answer,) = run.call_async(&mut store, (wit_ctx, input)).await?;
             let kept = match answer {
-                Ok(output) => Ok(prefix(&output.to_str(&store)?, MAX_OUTPUT_BYTES).to_string()),
+                Ok(output) => Ok(prefix(&output, MAX_OUTPUT_BYTES).to_string()),
                 Err(e) => Err((
-                    prefix(&e.message.to_str(&store)?, MAX_OUTPUT_BYTES).to_string(),
+                    prefix(&e.message, MAX_OUTPUT_BYTES).to_string(),
                     e.retryable,
                 )),
             };
@@ -773,11 +777,11 @@ fn checked_artifact(file: &[u8]) -> Option<&[u8]> {
     (Sha256::digest(artifact).as_slice() == sum).then_some(artifact)
 }
 
-/// A `plugin-error` as `run` returns it, its message left in the guest's memory.
+/// A `plugin-error` as `run` returns it.
 #[derive(wasmtime::component::ComponentType, wasmtime::component::Lift)]
 #[component(record)]
-struct ErrorRef {
-    message: WasmStr,
+struct RunError {
+    message: String,
     retryable: bool,
 }
 
