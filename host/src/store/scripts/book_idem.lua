@@ -10,7 +10,7 @@
 --       15 status and 16 body of the answer to record
 -- Returns book_life's answers, or {'reused'} | {'replay', status, body} |
 --   {'in_progress'} | {'stale'}
-local found = idem_lookup(KEYS[7], ARGV[12], ARGV[13], redis_now_ms())
+local found = idem_lookup(KEYS[7], ARGV[12], ARGV[13])
 if found then return found end
 local booked = book_life(8)
 if booked[1] == 'ok' then

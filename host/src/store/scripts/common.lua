@@ -340,12 +340,12 @@ end
 -- fingerprint FP: nil when there is none; {'reused'} (another request's key),
 -- {'replay', status, body}, {'in_progress'} (a call under way, begun less than
 -- PENDING_MS ago), or {'stale'} (begun long ago, its answer never recorded: the host
--- making it died).
-local function idem_lookup(rec, fp, pending_ms, now)
+-- making it died). Redis's clock is read only for a pending record.
+local function idem_lookup(rec, fp, pending_ms)
   local r = redis.call('HMGET', rec, 'fp', 'state', 'status', 'body', 'at_ms')
   if not r[1] then return nil end
   if r[1] ~= fp then return {'reused'} end
   if r[2] == 'done' then return {'replay', r[3], r[4]} end
-  if now - tonumber(r[5] or 0) < tonumber(pending_ms) then return {'in_progress'} end
+  if redis_now_ms() - tonumber(r[5] or 0) < tonumber(pending_ms) then return {'in_progress'} end
   return {'stale'}
 end

@@ -10,13 +10,12 @@
 --       3 pending_ms (a pending record younger than this is a call still under way),
 --       4 ttl_ms (how long an answer is replayed)
 -- Returns {'new'} | {'replay', status, body} | {'reused'} | {'in_progress'} | {'retake'}
-local now = redis_now_ms()
-local found = idem_lookup(KEYS[1], ARGV[2], ARGV[3], now)
+local found = idem_lookup(KEYS[1], ARGV[2], ARGV[3])
 if not found then
-  redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'state', 'pending', 'at_ms', now)
+  redis.call('HSET', KEYS[1], 'fp', ARGV[2], 'state', 'pending', 'at_ms', redis_now_ms())
   redis.call('PEXPIRE', KEYS[1], ARGV[4])
   return {'new'}
 end
 if found[1] ~= 'stale' then return found end
-redis.call('HSET', KEYS[1], 'at_ms', now)
+redis.call('HSET', KEYS[1], 'at_ms', redis_now_ms())
 return {'retake'}
