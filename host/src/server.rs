@@ -181,13 +181,24 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     );
     let (force_tx, force_rx) = tokio::sync::oneshot::channel::<()>();
     let hurried = engine.clone();
+    let stop_limit = config.shutdown_timeout + STOP_GRACE;
     let signals = tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutting down: no new claims; finishing runs and handing Plans back (a second signal exits at once)");
         let _ = shutdown_tx.send(true);
-        wait_for_signal().await;
-        tracing::warn!("second signal: handing every Plan back now, runs under way included (they run again on another host), and exiting");
-        hurried.hand_back_all().await;
+        tokio::select! {
+            _ = wait_for_signal() => {
+                tracing::warn!("second signal: handing every Plan back now, runs under way included (they run again on another host), and exiting");
+                // Handing back needs Redis; a Redis that is gone must not keep the
+                // process alive (the leases run out and other hosts take the Plans).
+                if tokio::time::timeout(HAND_BACK_LIMIT, hurried.hand_back_all()).await.is_err() {
+                    tracing::warn!("could not hand the Plans back within {HAND_BACK_LIMIT:?} (is Redis reachable?); exiting: other hosts take them when this host's leases run out");
+                }
+            }
+            _ = tokio::time::sleep(stop_limit) => {
+                tracing::warn!("could not finish stopping within {stop_limit:?} (--shutdown-timeout and {STOP_GRACE:?} to hand back; is Redis reachable?); exiting: other hosts take this host's Plans when its leases run out");
+            }
+        }
         let _ = force_tx.send(());
     });
     let graceful = async {
@@ -276,6 +287,13 @@ async fn take_host_id(store: &Store, config: &Config) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// How long a stopping host may take to hand its Plans back and give its shards up after
+/// runs have ended (or `--shutdown-timeout` has passed): enough for a reachable Redis,
+/// and a bound when Redis is gone.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+/// How long a second signal waits for the Plans to be handed back before exiting.
+const HAND_BACK_LIMIT: Duration = Duration::from_secs(5);
 
 async fn wait_for_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())

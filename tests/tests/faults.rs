@@ -340,6 +340,32 @@ async fn shards_move_to_a_host_that_joins_and_from_one_that_stops() {
     }
 }
 
+/// A host whose Redis is gone still stops on SIGTERM, within --shutdown-timeout and the
+/// grace it gives itself to hand back (10 s): it cannot hand anything back, and the
+/// leases it held run out for the other hosts to take over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_a_host_whose_redis_is_gone() {
+    let mut redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let mut host = Host::start(&redis.url(), &flags(&sink, &[("--shutdown-timeout", "1s")]));
+    let api = Api::new(&host);
+    book(&api, &point("gone", now_ms() + 600_000, hook("gone"))).await;
+    redis.kill_hard();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(host.signal("TERM"));
+    let began = Instant::now();
+    let deadline = began + Duration::from_secs(25);
+    while host.exited().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "SIGTERM did not stop a host without Redis: {}",
+            host.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!("stopped {:?} after SIGTERM without Redis", began.elapsed());
+}
+
 /// SIGTERM waits for runs under way (up to --shutdown-timeout); a second signal does not
 /// wait: the host hands every Plan back, the running one included, and exits, and
 /// another host runs that Plan again (recorded as interrupted).
