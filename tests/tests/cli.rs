@@ -694,3 +694,49 @@ async fn plugins_run_runs_a_component_file_once_without_a_server() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("not a WebAssembly binary"));
 }
+
+/// `kairos plugins run` keeps what it compiles in the user's cache
+/// (`$XDG_CACHE_HOME/kairos/plugin-cache`, mode 0700), so that the same file runs again
+/// without compiling; compiled code is never loaded from a directory others may write.
+#[test]
+fn plugins_run_compiles_a_file_once_into_a_private_cache() {
+    let dir = TempDir::new("plugins-run-cache");
+    let wasm = dir.0.join("noop.wasm");
+    std::fs::write(&wasm, plugin_wasm("noop")).unwrap();
+    let cache_home = dir.0.join("cache");
+    let run = || {
+        let out = Command::new(kairos_bin())
+            .args([
+                "--server",
+                "http://127.0.0.1:9",
+                "-o",
+                "json",
+                "plugins",
+                "run",
+            ])
+            .arg(&wasm)
+            .env("XDG_CACHE_HOME", &cache_home)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(json["ok"], true, "{json}");
+        json["compiled_from_cache"].as_bool().unwrap()
+    };
+    assert!(!run(), "the first run compiles");
+    assert!(run(), "the second loads what the first compiled");
+    let cache = cache_home.join("kairos/plugin-cache");
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&cache).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "{mode:o}");
+    // A cache directory others may write to is not trusted: it compiles again.
+    std::fs::set_permissions(&cache, std::fs::Permissions::from_mode(0o777)).unwrap();
+    assert!(
+        !run(),
+        "loaded compiled code from a world-writable directory"
+    );
+}

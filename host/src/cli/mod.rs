@@ -744,6 +744,7 @@ async fn run_plugin_file(
             "retryable": invocation.result.as_ref().err().map(|f| f.retryable()),
             "logs": invocation.logs,
             "compile_ms": compile_ms,
+            "compiled_from_cache": outcome.cached,
             "run_ms": run_ms,
         })),
         Output::Table => {
@@ -754,7 +755,12 @@ async fn run_plugin_file(
                 Ok(out) => println!("output {out}"),
                 Err(f) => println!("error  {}", f.message(&name)),
             }
-            println!("took   {run_ms:.1} ms (compiling first: {compile_ms:.0} ms)");
+            let how = if outcome.cached {
+                "loading it compiled from the cache"
+            } else {
+                "compiling first"
+            };
+            println!("took   {run_ms:.1} ms ({how}: {compile_ms:.0} ms)");
         }
     }
     match invocation.result {

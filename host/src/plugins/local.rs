@@ -31,8 +31,11 @@ pub struct LocalRun {
 pub struct LocalOutcome {
     pub invocation: Invocation,
     /// Compiling and linking the component (a host does it once per upload and keeps
-    /// the result on disk).
+    /// the result on disk), or loading what an earlier run compiled.
     pub compile: Duration,
+    /// Whether the compiled component came from the user's cache (an earlier run of the
+    /// same file) rather than being compiled now.
+    pub cached: bool,
     /// The run itself.
     pub run: Duration,
 }
@@ -51,9 +54,13 @@ pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
             PolicyResolver::new(policy.clone(), public_only),
         )
     };
+    // Compiled code is loaded only from a directory of this user's own (made 0700 here,
+    // before the runtime would make it); without one, every run compiles.
+    let cache_dir = user_cache_dir();
+    let private = private_dir(&cache_dir);
     let runtime = PluginRuntime::local(RuntimeSettings {
         instances: 1,
-        cache_dir: std::env::temp_dir().join("kairos-plugins-run"),
+        cache_dir,
         policy: policy.clone(),
         client: client(false),
         public_client: client(true),
@@ -83,13 +90,45 @@ pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
         resource_id: None,
     };
     let began = Instant::now();
-    let pre = runtime.prepare(run.bytes).await?;
+    let (pre, cached) = match private {
+        true => runtime.prepare_cached(run.bytes).await?,
+        false => (runtime.prepare(run.bytes).await?, false),
+    };
     let compile = began.elapsed();
     let began = Instant::now();
     let invocation = runtime.run_traced(&pre, &meta, &ctx, &run.input).await;
     Ok(LocalOutcome {
         invocation,
         compile,
+        cached,
         run: began.elapsed(),
     })
+}
+
+/// Where `plugins run` keeps compiled components: `$XDG_CACHE_HOME/kairos/plugin-cache`,
+/// else `~/.cache/kairos/plugin-cache` (a large component, such as a Python one, then
+/// compiles once, not at every run).
+fn user_cache_dir() -> std::path::PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(std::path::PathBuf::from)
+        .filter(|p| p.is_absolute())
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| std::env::temp_dir().join("kairos-no-cache"));
+    base.join("kairos").join("plugin-cache")
+}
+
+/// Makes `dir` (mode 0700) if it is missing; true when it is a directory this user owns
+/// that no one else may write to, so that what is loaded from it was written by this user.
+fn private_dir(dir: &std::path::Path) -> bool {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    let _ = std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir);
+    let Ok(meta) = std::fs::symlink_metadata(dir) else {
+        return false;
+    };
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let me = unsafe { libc::geteuid() };
+    meta.is_dir() && meta.uid() == me && meta.permissions().mode() & 0o022 == 0
 }

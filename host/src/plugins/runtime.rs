@@ -545,29 +545,58 @@ impl PluginRuntime {
             .cloned()
     }
 
-    async fn load_uncached(&self, digest: &str) -> Result<ActionPre<Sandbox>, Failure> {
+    /// The compiled artifact of a digest from the disk cache, if it is there and whole.
+    async fn read_cached(&self, digest: &str) -> Option<Component> {
         let path = self.cache_path(digest);
         let engine = self.engine.clone();
-        let cached = tokio::task::spawn_blocking({
-            let path = path.clone();
-            move || {
-                let file = std::fs::read(&path).ok()?;
-                let artifact = checked_artifact(&file)?;
-                // Marks it recently used, for the cache's pruning.
-                if let Ok(f) = std::fs::File::options().append(true).open(&path) {
-                    let _ = f.set_modified(std::time::SystemTime::now());
-                }
-                // SAFETY: the bytes are, checksum verified, what an engine with this
-                // compatibility hash serialized (below) into this host's own data
-                // directory; deserialize also checks the engine settings they were made
-                // with. Without the checksum a damaged file that still parses would run
-                // as machine code.
-                unsafe { Component::deserialize(&engine, artifact) }.ok()
+        tokio::task::spawn_blocking(move || {
+            let file = std::fs::read(&path).ok()?;
+            let artifact = checked_artifact(&file)?;
+            // Marks it recently used, for the cache's pruning.
+            if let Ok(f) = std::fs::File::options().append(true).open(&path) {
+                let _ = f.set_modified(std::time::SystemTime::now());
             }
+            // SAFETY: the bytes are, checksum verified, what an engine with this
+            // compatibility hash serialized (write_artifact) into a directory only this
+            // user writes (the host's data directory, or `plugins run`'s private cache);
+            // deserialize also checks the engine settings they were made with. Without
+            // the checksum a damaged file that still parses would run as machine code.
+            unsafe { Component::deserialize(&engine, artifact) }.ok()
         })
         .await
         .ok()
-        .flatten();
+        .flatten()
+    }
+
+    /// `prepare`, through the disk cache: a component compiled before (same digest, same
+    /// engine) is loaded instead of compiled again. Also says whether it came from there.
+    pub async fn prepare_cached(
+        &self,
+        bytes: Vec<u8>,
+    ) -> Result<(ActionPre<Sandbox>, bool), String> {
+        let digest = super::registry::digest_of(&bytes);
+        if let Some(component) = self.read_cached(&digest).await {
+            return Ok((self.prelink(&component)?, true));
+        }
+        if !bytes.starts_with(b"\0asm") {
+            return Err("not a WebAssembly binary (it does not start with \\0asm): give the .wasm file cargo builds for wasm32-wasip2".into());
+        }
+        let engine = self.engine.clone();
+        let path = self.cache_path(&digest);
+        let component = tokio::task::spawn_blocking(move || {
+            let component = Component::new(&engine, &bytes)?;
+            write_artifact(&path, &component);
+            Ok::<_, wasmtime::Error>(component)
+        })
+        .await
+        .map_err(|e| format!("compilation did not finish: {e}"))?
+        .map_err(|e| format!("not a valid WebAssembly component: {}", root(&e)))?;
+        Ok((self.prelink(&component)?, false))
+    }
+
+    async fn load_uncached(&self, digest: &str) -> Result<ActionPre<Sandbox>, Failure> {
+        let path = self.cache_path(digest);
+        let cached = self.read_cached(digest).await;
         let component = match cached {
             Some(c) => c,
             None => {
