@@ -93,6 +93,7 @@ fn ctx() -> InvokeContext {
         scheduled_at_ms: 0,
         attempt: 1,
         resource_id: None,
+        fence: Default::default(),
     }
 }
 
@@ -230,6 +231,7 @@ async fn run() {
         fire_at_ms: 0,
         resource_id: None,
         extra_headers: &[],
+        fence: &Default::default(),
     };
     let n = 5_000;
     for _ in 0..500 {

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::actions::webhook::{CallContext, CallResult, STATUS_CONNECT_ERROR};
+use crate::actions::Fence;
 use crate::model::{Action, PlanKind, DEFAULT_TIMER_RETRIES};
 use crate::plugins::{Invocation, InvokeContext};
 use crate::scheduler::Engine;
@@ -93,6 +94,7 @@ fn plugin_result(spec: &str, invocation: Invocation) -> CallResult {
                 serde_json::from_str(&output).unwrap_or(serde_json::Value::String(output)),
             ),
             logs: invocation.logs,
+            fenced: invocation.fenced,
             ..Default::default()
         },
         Err(failure) => CallResult {
@@ -101,6 +103,7 @@ fn plugin_result(spec: &str, invocation: Invocation) -> CallResult {
             error: Some(failure.message(spec)),
             retryable: failure.retryable(),
             logs: invocation.logs,
+            fenced: invocation.fenced,
             ..Default::default()
         },
     }
@@ -283,7 +286,16 @@ impl Engine {
                             engine.forget(&plan);
                             return;
                         }
-                        let run = engine.run_one(plan, action, attempts).await;
+                        let fence = {
+                            let engine = engine.clone();
+                            Fence::new(move || engine.lease_intact(lease))
+                        };
+                        let Some(run) = engine.run_one(plan, action, attempts, fence).await else {
+                            // Fenced just before a request went out: as above.
+                            drop(slot);
+                            engine.running.fetch_sub(1, Ordering::AcqRel);
+                            return;
+                        };
                         drop(slot);
                         // The finisher outlives every run (it ends when the last sender
                         // drops), so this send only fails if the engine is gone.
@@ -326,7 +338,8 @@ impl Engine {
         plan: Claimed,
         action: Result<Action, String>,
         attempts: u32,
-    ) -> FinishedRun {
+        fence: Fence,
+    ) -> Option<FinishedRun> {
         let owner = plan.owner();
         // Timers and tasks name themselves in X-Kairos-Life / X-Kairos-Plan too, and add
         // their own headers. A timer's Idempotency-Key names the slot: each slot is a
@@ -363,7 +376,13 @@ impl Engine {
         if let (Some(Owner::Timer(_)), Some(limit)) = (owner, plan.opts.skip_if_late_ms) {
             let late_ms = started_at_ms - plan.fire_at_ms;
             if attempts == 1 && late_ms > limit as i64 {
-                return self.skip_late_timer_run(plan, attempts, started_at_ms, late_ms, limit);
+                return Some(self.skip_late_timer_run(
+                    plan,
+                    attempts,
+                    started_at_ms,
+                    late_ms,
+                    limit,
+                ));
             }
         }
         let call = async {
@@ -376,6 +395,7 @@ impl Engine {
                         fire_at_ms: plan.fire_at_ms,
                         resource_id: plan.resource_id.as_deref(),
                         extra_headers: &extra_headers,
+                        fence: &fence,
                     };
                     bounded(plan.opts.timeout_ms, self.webhook.call(webhook, &ctx)).await
                 }
@@ -386,6 +406,7 @@ impl Engine {
                         scheduled_at_ms: plan.fire_at_ms,
                         attempt: attempts,
                         resource_id: plan.resource_id.clone(),
+                        fence: fence.clone(),
                     };
                     let input = p.input.to_string();
                     // The booking's own limit and a timer's `timeout`: the shorter one.
@@ -425,6 +446,13 @@ impl Engine {
                 }
             }
         };
+        if result.fenced {
+            // This host lost the Plan while it ran: whoever holds it now runs it, and
+            // the record is theirs to write.
+            tracing::warn!(plan = %plan.plan_id, "this host's lease lapsed during a run; a request was not sent and the run is not recorded");
+            self.forget(&plan);
+            return None;
+        }
         let finished_at_ms = self.clock.now_ms();
         let (outcome, word) = match owner {
             Some(Owner::Timer(_)) => decide_timer(
@@ -499,12 +527,12 @@ impl Engine {
                 .retry_after_ms
                 .filter(|_| word == "retry" || matches!(owner, Some(Owner::Task { .. }))),
         };
-        FinishedRun {
+        Some(FinishedRun {
             plan,
             outcome,
             record,
             callback: None,
-        }
+        })
     }
 
     /// A timer slot whose run could not start within its `starting_deadline` (or, for

@@ -424,9 +424,12 @@ impl Engine {
         self.lease.token()
     }
 
-    /// Whether the lease a token was taken under still holds.
+    /// Whether the lease a token was taken under still holds, with a quarter of the
+    /// lease to spare: the heartbeat renews it every quarter, so a healthy host always
+    /// has three quarters left, and the spare covers the time a request takes to go out
+    /// after the question and another host's takeover, hand-back and claim.
     pub(crate) fn lease_intact(&self, token: u64) -> bool {
-        self.lease.intact(token, wall_ms())
+        self.lease.intact(token, wall_ms() + self.lease_ms() / 4)
     }
 
     /// How long ago the lease was last renewed (ms).

@@ -435,3 +435,56 @@ async fn a_second_sigterm_hands_everything_back_and_exits_at_once() {
     );
     assert_eq!(sink.received_for("slow").len(), 2);
 }
+
+/// A host frozen mid-run past its lease, whose Plan another host then took over and ran:
+/// once resumed, its run sends no further request (the lease fence, asked before each
+/// request goes out) and records nothing. Without the fence the resumed run's second
+/// request reaches the target after the new owner's run made it too: two runs of one
+/// Plan calling out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_resumed_past_its_lease_sends_no_more_requests_of_its_run() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let args = flags(&sink, &[]);
+    let frozen = Host::start(&redis.url(), &args);
+    let api = Api::new(&frozen);
+    let query = format!("allowed_hosts=127.0.0.1:{}&timeout=60s", sink.addr.port());
+    upload_plugin(&api, "hostile", "hostile", &query).await;
+    sink.set_delay(Duration::from_millis(1_500));
+    let id = "7f000000-0000-4000-8000-0000000002a1";
+    let urls = json!([
+        format!("{}/first", sink.base_url()),
+        format!("{}/second", sink.base_url())
+    ]);
+    let input = json!({"mode": "fetch", "urls": urls});
+    let birth = json!({"plugin": "hostile", "input": input});
+    book(&api, &point(id, now_ms() + 1_000, birth)).await;
+    let count = |path: &str| sink.received().iter().filter(|r| r.path == path).count();
+    sink.wait_until("the first request", Duration::from_secs(10), |got| {
+        got.iter().any(|r| r.path == "/first")
+    })
+    .await;
+    // Frozen while the target takes its time to answer the first request.
+    assert!(frozen.signal("STOP"));
+    // Another host takes the frozen one's shards once its 2 s lease runs out, hands the
+    // interrupted run back and runs the Plan again, both requests.
+    let other = Host::start(&redis.url(), &args);
+    let life = Api::new(&other)
+        .wait_life(id, Duration::from_secs(20), |l| state(l) == "Dead")
+        .await;
+    assert_eq!((count("/first"), count("/second")), (2, 1), "{life}");
+    // Resumed: the answer to its first request is waiting; its second must not go out.
+    assert!(frozen.signal("CONT"));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(
+        (count("/first"), count("/second")),
+        (2, 1),
+        "the resumed host's run called out again"
+    );
+    let (_, after) = Api::new(&other).get(&format!("/schedules/{id}")).await;
+    assert_eq!(state(&after), "Dead", "{after}");
+    assert_eq!(
+        after["plans"], life["plans"],
+        "the resumed run wrote over the Plan"
+    );
+}

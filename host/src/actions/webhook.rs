@@ -19,6 +19,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use sha2::Sha256;
 
+use super::Fence;
 use crate::model::WebhookAction;
 use crate::outbound::{OutboundPolicy, PolicyResolver};
 
@@ -36,6 +37,8 @@ pub struct CallContext<'a> {
     /// Headers of timers and queue tasks (`X-Kairos-Queue`, `X-Kairos-Task`, ...), set
     /// after the ones above so that they may replace them (`Idempotency-Key`).
     pub extra_headers: &'a [(&'static str, String)],
+    /// Asked just before the request goes out (see [`Fence`]).
+    pub fence: &'a Fence,
 }
 
 /// How a call ended. `status` is 599 for connect errors and timeouts, None when the call
@@ -55,6 +58,9 @@ pub struct CallResult {
     pub retry_after_ms: Option<u64>,
     /// A timer run cut off by its next slot (`overlap: cancel_running`): not retried.
     pub cancelled: bool,
+    /// Not called (or, for a plugin, some request not sent) because the host's lease
+    /// lapsed (see [`Fence`]): nothing is recorded; whoever holds the Plan now runs it.
+    pub fenced: bool,
 }
 
 /// Reads a `Retry-After` value at `now`: delay-seconds or an HTTP-date (a date in the
@@ -309,6 +315,13 @@ impl WebhookAgent {
         let request_timeout = request_timeout.saturating_sub(started.elapsed());
         let client = self.client(connect_timeout);
         let limit = self.response_body_limit;
+        if !ctx.fence.holds() {
+            return CallResult {
+                error: Some("not called: this host's lease lapsed before the call".into()),
+                fenced: true,
+                ..Default::default()
+            };
+        }
         let exchange = async move {
             let response = client.request(request).await?;
             let status = response.status().as_u16();
@@ -396,5 +409,80 @@ mod tests {
             "t=1700000000,v1=49f24e537407743fa4a0242bb63b94b9a47ee99cbbe071ccd8a22550ae411686"
         );
         assert_ne!(sign(b"secret", 1, b"x"), sign(b"other", 1, b"x"));
+    }
+
+    /// Waits up to `wait` for a connection on `listener`.
+    fn connected(listener: &std::net::TcpListener, wait: Duration) -> bool {
+        let until = std::time::Instant::now() + wait;
+        loop {
+            match listener.accept() {
+                Ok(_) => return true,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    if std::time::Instant::now() >= until {
+                        return false;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                Err(e) => panic!("accept: {e}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_fence_that_no_longer_holds_stops_the_call_before_it_connects() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let allowed = vec![crate::config::AllowedHost::Host {
+            host: "127.0.0.1".into(),
+            port: None,
+        }];
+        let agent = WebhookAgent::new(
+            None,
+            Arc::new(OutboundPolicy::new(allowed, None)),
+            None,
+            Duration::from_secs(2),
+            Duration::from_secs(2),
+            1024,
+            tls_config(None).unwrap(),
+        );
+        let action = WebhookAction {
+            path: None,
+            url: Some(format!("http://127.0.0.1:{port}/hook")),
+            method: "POST".into(),
+            headers: Default::default(),
+            body: None,
+            connect_timeout_ms: None,
+            // Nobody answers: the call that does go out ends at this timeout.
+            request_timeout_ms: Some(300),
+            retry_count: 0,
+            retry_interval_ms: 0,
+            callbacks: Default::default(),
+        };
+        let lapsed = Fence::new(|| false);
+        let ctx = |fence| CallContext {
+            life_uuid: "life",
+            plan: "birth",
+            execution_count: 1,
+            fire_at_ms: 0,
+            resource_id: None,
+            extra_headers: &[],
+            fence,
+        };
+        let result = agent.call(&action, &ctx(&lapsed)).await;
+        assert!(result.fenced, "{result:?}");
+        assert_eq!(result.status, None);
+        assert!(
+            !connected(&listener, Duration::from_millis(300)),
+            "a fenced call connected"
+        );
+        // The same call under a fence that holds does go out.
+        let holds = Fence::new(|| true);
+        let result = agent.call(&action, &ctx(&holds)).await;
+        assert!(!result.fenced, "{result:?}");
+        assert!(
+            connected(&listener, Duration::from_secs(2)),
+            "no call went out"
+        );
     }
 }

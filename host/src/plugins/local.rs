@@ -88,6 +88,7 @@ pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
         scheduled_at_ms: now_ms,
         attempt: 1,
         resource_id: None,
+        fence: Default::default(),
     };
     let began = Instant::now();
     let (pre, cached) = match private {

@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ use super::bindings::kairos::plugin::types as wit;
 use super::bindings::ActionPre;
 use super::registry::{PluginMeta, Registry};
 use super::sandbox::{LogSink, Outbound, PluginClient, Sandbox, MAX_LOG_BYTES};
+use crate::actions::Fence;
 use crate::bookings::Bookings;
 use crate::config::AllowedHost;
 use crate::model::PlanKind;
@@ -148,6 +150,8 @@ pub struct InvokeContext {
     pub scheduled_at_ms: i64,
     pub attempt: u32,
     pub resource_id: Option<String>,
+    /// Asked before each of the run's requests (see [`Fence`]).
+    pub fence: Fence,
 }
 
 /// Why an invocation did not succeed.
@@ -240,6 +244,8 @@ pub struct Invocation {
     /// The JSON text the plugin returned (at most 4 KiB of it), or why it failed.
     pub result: Result<String, Failure>,
     pub logs: Vec<String>,
+    /// A request of the run was not sent because the host's lease lapsed.
+    pub fenced: bool,
 }
 
 /// Runs plugins.
@@ -649,6 +655,7 @@ impl PluginRuntime {
         let failed = |failure: Failure| Invocation {
             result: Err(failure),
             logs: Vec::new(),
+            fenced: false,
         };
         let mut meta = match self.registry().resolve(spec).await {
             Ok(Some(meta)) => meta,
@@ -702,7 +709,10 @@ impl PluginRuntime {
             logs: logs.clone(),
             in_flight: Outbound::in_flight_places(),
             trace,
+            fence: ctx.fence.clone(),
+            fenced: Arc::new(AtomicBool::new(false)),
         };
+        let fenced = outbound.fenced.clone();
         let memory = meta.memory_mb.min(MAX_MEMORY_MB) as usize * 1024 * 1024;
         let mut store = Store::new(
             &self.engine,
@@ -758,7 +768,11 @@ impl PluginRuntime {
         drop(store);
         let mut logs = logs.take();
         let result = result.map_err(|failure| explain(failure, &mut logs));
-        Invocation { result, logs }
+        Invocation {
+            result,
+            logs,
+            fenced: fenced.load(Ordering::Acquire),
+        }
     }
 
     /// Loads a plugin for the benchmark, which then calls `invoke_loaded` directly.

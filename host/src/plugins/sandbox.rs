@@ -9,6 +9,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -22,6 +23,7 @@ use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
 use super::bindings::kairos::plugin::{schedule, types};
+use crate::actions::Fence;
 use crate::bookings::Bookings;
 use crate::config::AllowedHost;
 use crate::outbound::{host_port, OutboundPolicy};
@@ -178,6 +180,9 @@ pub struct Outbound {
     pub in_flight: Arc<tokio::sync::Semaphore>,
     /// Log every request with its answer, not only refusals (`kairos plugins run`).
     pub trace: bool,
+    /// Asked just before each request goes out; one it refuses sets `fenced`.
+    pub fence: Fence,
+    pub fenced: Arc<AtomicBool>,
 }
 
 impl Outbound {
@@ -239,6 +244,8 @@ impl WasiHttpHooks for Outbound {
         let timeout = self.request_timeout;
         let logs = self.logs.clone();
         let trace = self.trace;
+        let fence = self.fence.clone();
+        let fenced = self.fenced.clone();
         // A request takes its place in the order the plugin made it: the place is asked
         // for here, while the guest's call is still on the stack, not when the spawned
         // future first runs (tasks start in any order). Places are held until a response
@@ -289,6 +296,13 @@ impl WasiHttpHooks for Outbound {
                     logs.push(format!("allowed: {method} {uri} failed: {why}"));
                 }
             };
+            if !fence.holds() {
+                fenced.store(true, Ordering::Release);
+                logs.push(format!(
+                    "denied: {method} {uri}: this host's lease lapsed; another host runs the Plan"
+                ));
+                return Err(Error::HttpRequestDenied);
+            }
             let response = match tokio::time::timeout_at(deadline, client.request(request)).await {
                 Err(_) => {
                     failed("no answer in time");

@@ -6,7 +6,8 @@
 //! - `alloc`: allocates and touches 1 GiB (the memory cap must refuse it);
 //! - `panic`: panics (a trap);
 //! - `fetch` with `url`: GETs the URL and fails with the error it gets (for a URL the
-//!   plugin may not reach, the host's refusal);
+//!   plugin may not reach, the host's refusal); with `urls` instead, GETs each in turn
+//!   and returns their statuses (the first error fails the run);
 //! - `retryable`: fails with a retryable error;
 //! - `big-error` with `size`: fails with a message of `size` bytes (default 1 MiB);
 //! - `flood` with `url` and `n`: starts `n` GETs of the URL at once, then waits for
@@ -48,6 +49,14 @@ fn run(_ctx: Context, input: Value) -> Result<Value, Error> {
             Ok(json!({ "allocated": v.len() }))
         }
         "panic" => panic!("the hostile plugin panics on purpose"),
+        "fetch" if input["urls"].is_array() => {
+            let mut statuses = Vec::new();
+            for url in input["urls"].as_array().into_iter().flatten() {
+                let response = http::get(url.as_str().unwrap_or_default())?;
+                statuses.push(response.status);
+            }
+            Ok(json!({ "statuses": statuses }))
+        }
         "fetch" => {
             let url = input["url"].as_str().unwrap_or("http://127.0.0.1:9/");
             match http::get(url) {
