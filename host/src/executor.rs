@@ -506,6 +506,7 @@ impl Engine {
             // finisher applies, is routine.
             let final_failure = word == "failed" && !matches!(owner, Some(Owner::Task { .. }));
             if final_failure {
+                self.count_failure();
                 tracing::warn!(plan = %plan.plan_id, attempts, status = result.status, %error, "run failed for good");
             } else {
                 tracing::info!(plan = %plan.plan_id, attempts, outcome = word, status = result.status, %error, "run did not succeed");

@@ -640,6 +640,7 @@ impl Engine {
                         attempts,
                         "task failed for good; kept in the queue's failed list"
                     );
+                    self.count_failure();
                 } else {
                     // The target's Retry-After sets the time, within max_backoff.
                     let wait = match run.record.retry_after_ms {

@@ -407,6 +407,17 @@ impl Engine {
             .contains_key(&(plan_id.to_string(), claim.to_string()))
     }
 
+    /// Counts a run that failed for good in the cluster's failures of the last hour
+    /// (`Store::count_failure`), in the background: a lost count is only a statistic.
+    pub(crate) fn count_failure(&self) {
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.count_failure().await {
+                tracing::debug!(error = %e, "cannot count a failed run");
+            }
+        });
+    }
+
     /// This host's lease was found expired: renew it now.
     pub(crate) fn lease_lost(&self) {
         self.renew_now.notify_one();

@@ -1070,6 +1070,8 @@ struct SinkState {
     received: Mutex<Vec<Received>>,
     /// Statuses to answer, in order; 200 once empty.
     script: Mutex<VecDeque<u16>>,
+    /// Statuses to answer every request to a path with, before the script.
+    by_path: Mutex<HashMap<String, u16>>,
     delay: Mutex<Duration>,
     /// `Retry-After` sent with every answer that is not a 2xx.
     retry_after: Mutex<Option<String>>,
@@ -1154,7 +1156,11 @@ async fn sink_handler(
             .collect(),
         body,
     });
-    let status = state.script.lock().unwrap().pop_front().unwrap_or(200);
+    let by_path = state.by_path.lock().unwrap().get(uri.path()).copied();
+    let status = match by_path {
+        Some(status) => status,
+        None => state.script.lock().unwrap().pop_front().unwrap_or(200),
+    };
     let delay = *state.delay.lock().unwrap();
     if !delay.is_zero() {
         tokio::time::sleep(delay).await;
@@ -1199,6 +1205,14 @@ impl Sink {
             .lock()
             .unwrap()
             .extend(statuses.iter().copied());
+    }
+
+    /// Answers every request to each path with its status (before the scripted ones).
+    pub fn answer_paths(&self, statuses: &[(&str, u16)]) {
+        let mut by_path = self.state.by_path.lock().unwrap();
+        for (path, status) in statuses {
+            by_path.insert(path.to_string(), *status);
+        }
     }
 
     /// Sends `Retry-After: {value}` with every answer that is not a 2xx (None: never).

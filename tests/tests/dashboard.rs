@@ -369,6 +369,14 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
         "1",
         "one host is alive"
     );
+    // Lives per state: the one term booked over the API waits for its birth.
+    assert_eq!(
+        page.text("[data-metric='Inexistent'] .value").await,
+        "1",
+        "one Life booked"
+    );
+    assert_eq!(page.text("[data-metric='Alive'] .value").await, "0");
+    assert_eq!(page.text("#failed-runs").await, "0");
     // A few samples of /metrics for the charts.
     page.until(
         "the fires/s chart drawn from two samples",

@@ -382,3 +382,124 @@ async fn the_exposition_passes_promtool_check_metrics() {
         out.status
     );
 }
+
+/// `kairos_lives{state}`: the Lives per state of every shard, kept by the scripts as the
+/// Lives change; `kairos_failed_runs_last_hour`: runs that failed for good, counted by
+/// whichever host ran them and read the same on every host. A census missing (a
+/// keyspace written before it) is counted afresh from the Lives themselves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lives_per_state_and_failures_of_the_last_hour_count_every_host() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let a = Host::start(&redis.url(), &flags(&sink, &[]));
+    let b = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&a);
+    sink.answer_paths(&[("/missing", 404)]);
+    let at = now_ms() + 1_500;
+    let far = at + 3_600_000;
+    // Two succeed (Dead), two fail for good (404: Stillbirth), one term lives on (Alive),
+    // one waits (Inexistent), one is cancelled before its birth (Stillbirth).
+    for id in ["ok1", "ok2"] {
+        book(&api, &point(id, at, hook(id))).await;
+    }
+    for id in ["bad1", "bad2"] {
+        let mut action = hook(id);
+        action["path"] = json!("/missing");
+        book(&api, &point(id, at, action)).await;
+    }
+    book(
+        &api,
+        &term("alive", at, far, hook("alive"), hook("alive-death")),
+    )
+    .await;
+    book(&api, &point("later", far, hook("later"))).await;
+    book(&api, &point("cancelled", far, hook("cancelled"))).await;
+    assert_eq!(api.delete("/schedules/cancelled").await.0, 200);
+
+    let want = [
+        ("Inexistent", 1.0),
+        ("Alive", 1.0),
+        ("Dead", 2.0),
+        ("Stillbirth", 3.0),
+        ("Invalidated", 0.0),
+    ];
+    let settled = |m: &HashMap<String, f64>| {
+        want.iter()
+            .all(|(s, n)| m.get(&format!("kairos_lives{{state=\"{s}\"}}")) == Some(n))
+            && m.get("kairos_failed_runs_last_hour") == Some(&2.0)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (ma, mb) = (scrape(&a).await, scrape(&b).await);
+        if settled(&ma) && settled(&mb) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "lives per state and failures not as booked: {:?}",
+            ma.iter()
+                .filter(|(k, _)| k.starts_with("kairos_lives") || k.contains("failed_runs"))
+                .collect::<Vec<_>>()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // Recounted from the Lives when the census is gone: the same numbers.
+    let keys = redis.keyspace().await.every("census");
+    let mut conn = redis.conn().await;
+    let marked: i64 = {
+        let mut n = 0;
+        for key in &keys {
+            n += redis::cmd("HEXISTS")
+                .arg(key)
+                .arg("v")
+                .query_async::<i64>(&mut conn)
+                .await
+                .unwrap();
+        }
+        n
+    };
+    assert_eq!(marked, keys.len() as i64, "every shard's census is marked");
+    let _: i64 = redis::cmd("DEL")
+        .arg(&keys)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let m = scrape(&b).await;
+    assert!(settled(&m), "recounted: {m:?}");
+}
+
+/// Lives swept from the history leave the census too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lives_swept_from_the_history_leave_the_count_of_their_state() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    // A shard keeps one finished Life (32 over 32 shards).
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--history-max-lives", "32")]),
+    );
+    let api = Api::new(&host);
+    let at = now_ms() + 1_500;
+    // One resource: all three in one shard, a second and a half apart (its guard).
+    for (i, id) in ["s1", "s2", "s3"].into_iter().enumerate() {
+        let mut body = point(id, at + i as i64 * 1_500, hook(id));
+        body["resource_id"] = json!("swept");
+        book(&api, &body).await;
+    }
+    api.wait_life("s3", Duration::from_secs(20), |l| state(l) == "Dead")
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let m = scrape(&host).await;
+        let dead = m["kairos_lives{state=\"Dead\"}"];
+        if m["kairos_history_lives"] == 1.0 && dead == 1.0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "history kept {} Lives, counted {dead} Dead",
+            m["kairos_history_lives"]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

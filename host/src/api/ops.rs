@@ -90,6 +90,11 @@ pub(crate) async fn metrics(State(app): State<Shared>) -> Result<Response, ApiEr
             "How long the oldest overdue Plan has waited (0: none).",
             stats.oldest_overdue_ms.max(0) as f64 / 1000.0,
         ),
+        (
+            "kairos_failed_runs_last_hour",
+            "Runs that failed for good (no retry left, or not retryable) in the last hour, all hosts.",
+            stats.failed_last_hour as f64,
+        ),
     ], &[
         (
             "kairos_bookings_refused_storage_full_total",
@@ -103,6 +108,12 @@ pub(crate) async fn metrics(State(app): State<Shared>) -> Result<Response, ApiEr
         ),
     ]);
     text.push_str(&memory.info_metric());
+    text.push_str(
+        "# HELP kairos_lives Lives by state, all hosts (finished ones while history keeps them).\n# TYPE kairos_lives gauge\n",
+    );
+    for (state, n) in crate::store::LIFE_STATES.iter().zip(stats.lives) {
+        text.push_str(&format!("kairos_lives{{state=\"{state}\"}} {n}\n"));
+    }
     text.push_str(&queue_and_timer_series(&app).await?);
     text.push_str(&format!(
         "# HELP kairos_build_info The kairos build this host runs.\n# TYPE kairos_build_info gauge\nkairos_build_info{{version=\"{}\"}} 1\n",

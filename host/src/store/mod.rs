@@ -48,11 +48,12 @@ pub use queues::{LeasedTask, NewTask, NewTaskWork, QueueCounts, TaskAddRefusal};
 pub use shards::{Placement, ShardKeys};
 pub use timers::{NextRun, TimerFinish, TimerPut, TimerSlot, TIMER_RUNS_KEPT};
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{SecondsFormat, TimeZone};
 use chrono_tz::Tz;
-use redis::Script;
+use redis::{AsyncCommands, Script};
 use serde_json::{json, Value};
 
 use crate::error::ApiError;
@@ -85,6 +86,11 @@ impl Keys {
     /// Live hosts, scored by until when each is known alive (ms).
     pub fn hosts(&self) -> String {
         format!("{}hosts", self.prefix)
+    }
+    /// Runs that failed for good, per minute of the machine's clock (field: epoch
+    /// minute), all hosts together: the overview's failures in the last hour.
+    pub fn failures(&self) -> String {
+        format!("{}failures", self.prefix)
     }
     /// Prefix of the plugin registry's keys, all in one slot.
     pub fn registry(&self) -> String {
@@ -185,6 +191,7 @@ scripts!(
     idem_finish,
     book_idem,
     history_size,
+    census_rebuild,
 );
 
 /// A script's text with `common.lua` prepended; a first line `#!lua flags=...` (Redis 7)
@@ -726,14 +733,26 @@ impl Store {
                     .zcount(k.due(), "-inf", now_ms)
                     .zcount(k.due_tasks(), "-inf", now_ms)
                     .zrange_withscores(k.due(), 0, 0)
-                    .query_async::<(i64, i64, i64, i64, i64, Vec<(String, f64)>)>(&mut conn)
+                    .hgetall(k.census())
+                    .query_async::<ShardCounts>(&mut conn)
                     .await
             }
         });
         let mut stats = ClusterStats::default();
-        for (due, tasks, finished, overdue, overdue_tasks, first) in
-            futures_util::future::try_join_all(counts).await?
+        let counts = futures_util::future::try_join_all(counts).await?;
+        for (shard, (due, tasks, finished, overdue, overdue_tasks, first, census)) in
+            counts.into_iter().enumerate()
         {
+            let census = if census.contains_key("v") {
+                census
+            } else {
+                self.census_rebuild(shard as u32).await?
+            };
+            for (state, n) in census {
+                if let Some(i) = LIFE_STATES.iter().position(|s| *s == state) {
+                    stats.lives[i] += n;
+                }
+            }
             stats.due += due + tasks;
             stats.finished += finished;
             stats.overdue += overdue;
@@ -750,9 +769,73 @@ impl Store {
             .arg("+inf")
             .query_async(&mut self.conn())
             .await?;
+        stats.failed_last_hour = self.failures_since(now_minute() - 59).await?;
         Ok(stats)
     }
+
+    /// Counts a shard's Lives per state afresh when its census is not marked yet (a
+    /// keyspace written before it), and answers the census.
+    async fn census_rebuild(&self, shard: u32) -> redis::RedisResult<HashMap<String, i64>> {
+        let k = self.shard(shard);
+        let mut conn = self.conn();
+        let _: i64 = self
+            .scripts
+            .census_rebuild
+            .key(k.census())
+            .arg(&k.prefix)
+            .invoke_async(&mut conn)
+            .await?;
+        conn.hgetall(k.census()).await
+    }
+
+    /// Counts a run that failed for good in the failures of the current minute, and
+    /// forgets minutes older than two hours (looked for once a minute, at its first
+    /// failure).
+    pub async fn count_failure(&self) -> redis::RedisResult<()> {
+        let key = self.keys.failures();
+        let minute = now_minute();
+        let mut conn = self.conn();
+        let n: i64 = conn.hincr(&key, minute, 1).await?;
+        if n == 1 {
+            let minutes: Vec<i64> = conn.hkeys(&key).await?;
+            let old: Vec<i64> = minutes.into_iter().filter(|m| *m < minute - 120).collect();
+            if !old.is_empty() {
+                let _: i64 = conn.hdel(&key, old).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs that failed for good since epoch minute `from` (all hosts).
+    pub async fn failures_since(&self, from: i64) -> redis::RedisResult<i64> {
+        let counts: HashMap<i64, i64> = self.conn().hgetall(self.keys.failures()).await?;
+        Ok(counts
+            .into_iter()
+            .filter(|(minute, _)| *minute >= from)
+            .map(|(_, n)| n)
+            .sum())
+    }
 }
+
+/// The current minute of the machine's clock, since the epoch.
+fn now_minute() -> i64 {
+    chrono::Utc::now().timestamp() / 60
+}
+
+/// What `cluster_stats` reads of one shard: due, due tasks, finished, overdue, overdue
+/// tasks, the first due Plan, the census.
+type ShardCounts = (
+    i64,
+    i64,
+    i64,
+    i64,
+    i64,
+    Vec<(String, f64)>,
+    HashMap<String, i64>,
+);
+
+/// The states of a Life (SPEC section 1), in the order `ClusterStats::lives` counts them.
+pub const LIFE_STATES: [&str; 5] = ["Inexistent", "Alive", "Dead", "Stillbirth", "Invalidated"];
 
 /// Counts over every shard, for metrics.
 #[derive(Debug, Default, Clone, Copy)]
@@ -769,6 +852,11 @@ pub struct ClusterStats {
     pub oldest_overdue_ms: i64,
     /// Hosts whose lease is current.
     pub hosts: i64,
+    /// Lives per state, in the order of [`LIFE_STATES`].
+    pub lives: [i64; 5],
+    /// Runs that failed for good in the last hour (the current minute and the 59
+    /// before it), all hosts.
+    pub failed_last_hour: i64,
 }
 
 /// What a `claim` call got.

@@ -215,6 +215,10 @@ impl ShardKeys {
     pub fn timers(&self) -> String {
         self.key(format_args!("timers"))
     }
+    /// The shard's Lives per state (`census` in common.lua).
+    pub fn census(&self) -> String {
+        self.key(format_args!("census"))
+    }
     pub fn queue(&self, name: &str) -> String {
         self.key(format_args!("queue:{name}"))
     }

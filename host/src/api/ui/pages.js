@@ -100,8 +100,8 @@ async function overview(view, ctx) {
         h('td', {}, link(t.name, 'timers', t.name)), h('td', {}, t.description || t.schedule),
         h('td', {}, when(t.next_run, t.next_run_ms)))), 'No active timer.')),
     h('section', { class: 'card' }, h('h2', {}, 'Failures'),
-      h('p', {}, 'Failed runs on this host since it started: ',
-        h('b', { id: 'failed-runs' }, String(metric(m, 'kairos_runs_total', { outcome: 'failed' })))),
+      h('p', {}, 'Runs failed for good in the last hour, all hosts: ',
+        h('b', { id: 'failed-runs' }, String(metric(m, 'kairos_failed_runs_last_hour')))),
       h('h3', {}, 'Timers whose last run, within the hour, failed'),
       table(['Timer', 'Last run'], failedTimers.map((t) => h('tr', {},
         h('td', {}, link(t.name, 'timers', t.name)), h('td', {}, when(epochText(t.last_run_at_ms), t.last_run_at_ms)))), 'None.'),
@@ -114,14 +114,20 @@ function drawCounts(cards, m) {
   const card = (label, value, hint) => h('div', { class: 'card count', dataset: { metric: label } },
     h('div', { class: 'value' }, String(value)), h('div', { class: 'label' }, label), hint ? h('small', { class: 'muted' }, hint) : null);
   const oldest = metric(m, 'kairos_oldest_overdue_plan_age_seconds');
+  const lives = (state) => metric(m, 'kairos_lives', { state });
   fill(cards,
     card('Hosts alive', metric(m, 'kairos_hosts_alive')),
+    card('Inexistent', lives('Inexistent'), 'Lives booked, birth to come'),
+    card('Alive', lives('Alive'), 'terms born, death to come'),
+    card('Dead', lives('Dead'), 'finished, kept as history'),
+    card('Stillbirth', lives('Stillbirth'), 'cancelled before birth, or birth failed'),
+    card('Invalidated', lives('Invalidated'), 'birth missed while hosts were down'),
+    card('Failed (1 h)', metric(m, 'kairos_failed_runs_last_hour'), 'runs failed for good, all hosts'),
     card('Waiting (Standby)', metric(m, 'kairos_due_plans'), 'Plans and tasks in Redis, all hosts'),
     card('Overdue', metric(m, 'kairos_overdue_plans') + metric(m, 'kairos_overdue_tasks'),
       oldest > 0 ? `oldest waited ${oldest.toFixed(1)} s` : 'none waiting past its time'),
     card('Claimed (Preset)', metric(m, 'kairos_claimed_plans'), 'held by this host'),
     card('Running', metric(m, 'kairos_running_plans'), 'on this host'),
-    card('Finished Lives', metric(m, 'kairos_history_lives'), 'kept as history'),
     card('Queue tasks', metric(m, 'kairos_queue_tasks', { state: 'pending' }),
       `${metric(m, 'kairos_queue_tasks', { state: 'running' })} running, ${metric(m, 'kairos_queue_tasks', { state: 'failed' })} failed`));
 }

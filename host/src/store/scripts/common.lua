@@ -26,7 +26,18 @@ end
 
 -- Marks a Life finished: it no longer blocks its resource and is swept after retention.
 -- Extra field/value pairs (a run record) are written in the same HSET.
+-- Lives per state in the shard (`census`, a hash: state -> count). Each script that
+-- creates a Life, changes its state or deletes it counts the change here, so that the
+-- overview reads five numbers a shard instead of every Life. FROM or TO may be nil/false
+-- (a Life created or deleted). `census_rebuild` recounts a shard whose census lacks its
+-- `v` mark (a keyspace written before it).
+local function census(from, to)
+  if from then redis.call('HINCRBY', PREFIX .. 'census', from, -1) end
+  if to then redis.call('HINCRBY', PREFIX .. 'census', to, 1) end
+end
+
 local function finish_life(lk, uuid, state, now_ms, ...)
+  census(redis.call('HGET', lk, 'state'), state)
   redis.call('HSET', lk, 'state', state, 'finished_at_ms', now_ms, 'updated_at_ms', now_ms, ...)
   redis.call('ZADD', PREFIX .. 'finished', now_ms, uuid)
 end
@@ -121,6 +132,7 @@ local function book_callback(uuid, action, of, now_ms, notify_before_ms)
   if redis.call('EXISTS', lk) == 1 then return end
   redis.call('HSET', lk, 'schedule_type', 'point', 'state', 'Inexistent', 'birth_at_ms', now_ms,
     'created_at_ms', now_ms, 'callback_of', of)
+  census(nil, 'Inexistent')
   redis.call('HSET', plan_key(uuid .. ':birth'), 'state', 'Standby', 'fire_at_ms', now_ms,
     'action', action)
   redis.call('ZADD', PREFIX .. 'due', now_ms, uuid .. ':birth')
@@ -313,6 +325,7 @@ local function book_life(first_plugin_key)
   -- `updated_at_ms` with the first change.
   redis.call('HSET', KEYS[1], 'schedule_type', ARGV[3], 'state', 'Inexistent',
     'birth_at_ms', ARGV[5], 'created_at_ms', ARGV[9])
+  census(nil, 'Inexistent')
   redis.call('HSET', KEYS[2], 'state', 'Standby', 'fire_at_ms', ARGV[5], 'action', ARGV[7])
   if rid ~= '' then
     redis.call('HSET', KEYS[1], 'resource_id', rid)

@@ -39,6 +39,7 @@ local uuid = ARGV[2]
 if redis.call('EXISTS', KEYS[2]) == 1 then return {'duplicate'} end
 redis.call('HSET', KEYS[2], 'schedule_type', 'point', 'state', 'Inexistent',
   'birth_at_ms', ARGV[3], 'created_at_ms', ARGV[6], 'debounce_key', ARGV[8])
+census(nil, 'Inexistent')
 redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', ARGV[3], 'action', action)
 redis.call('ZADD', KEYS[4], ARGV[3], uuid .. ':birth')
 redis.call('ZADD', KEYS[5], 0, lives_member(ARGV[3], uuid))

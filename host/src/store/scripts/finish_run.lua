@@ -87,6 +87,7 @@ local function apply(plan_id, claim, outcome, next_ms, status, err, attempt, wor
         death_ms = now_ms
         redis.call('HSET', dk, 'fire_at_ms', now_ms)
       end
+      census(redis.call('HGET', lk, 'state'), 'Alive')
       redis.call('HSET', lk, 'state', 'Alive', 'updated_at_ms', now_ms, run_field, record)
       redis.call('ZADD', KEYS[2], death_ms, uuid .. ':death')
       notify_if_soon(death_ms, notify_before)

@@ -43,8 +43,9 @@ if mode == 'life' then
   local uuid = name
   local old_life = OLD .. 'life:' .. uuid
   if redis.call('EXISTS', old_life) == 0 then return 0 end
-  local f = redis.call('HMGET', old_life, 'birth_at_ms', 'resource_id')
+  local f = redis.call('HMGET', old_life, 'birth_at_ms', 'resource_id', 'state')
   redis.call('RENAME', old_life, life_key(uuid))
+  census(nil, f[3])
   local member = lives_member(f[1] or 0, uuid)
   redis.call('ZREM', OLD .. 'lives', member)
   redis.call('ZADD', PREFIX .. 'lives', 0, member)

@@ -163,6 +163,7 @@ for i = 6, #ARGV, 2 do
       redis.call('HSET', pk, 'state', 'Invalidated', 'last_error', err)
       local death_id = uuid .. ':death'
       local death_ms = redis.call('HGET', plan_key(death_id), 'fire_at_ms')
+      census(redis.call('HGET', lk, 'state'), 'Alive')
       redis.call('HSET', lk, 'state', 'Alive', 'birth_uncertain', 1, 'updated_at_ms', now_ms,
         'run:birth:invalidated', record)
       if death_ms then

@@ -7,7 +7,8 @@
 local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
 for _, uuid in ipairs(ids) do
   local lk = life_key(uuid)
-  local f = redis.call('HMGET', lk, 'birth_at_ms', 'resource_id')
+  local f = redis.call('HMGET', lk, 'birth_at_ms', 'resource_id', 'state')
+  census(f[3], nil)
   if f[1] then redis.call('ZREM', KEYS[2], lives_member(f[1], uuid)) end
   if f[2] then
     redis.call('ZREM', PREFIX .. 'resource:' .. f[2], uuid)
