@@ -1139,3 +1139,83 @@ async fn timer_queries_that_do_not_parse_are_400() {
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["preview"].as_array().unwrap().len(), 2, "{reply}");
 }
+
+/// `GET /timers` pages by name across every shard (`limit`, `next_cursor`), and the CLI
+/// follows the pages to list them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_are_listed_in_pages_by_name() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let mut names: Vec<String> = (0..105)
+        .map(|i| format!("t{:03}", (i * 37) % 105))
+        .collect();
+    for name in &names {
+        let (status, reply) = api.post("/timers", &timer(name, "0 3 * * *", name)).await;
+        assert_eq!(status, 200, "{reply}");
+    }
+    names.sort();
+    // Pages of 40: 40, 40, 25, in name order, the cursor naming the last of each.
+    let mut seen = Vec::new();
+    let mut cursor: Option<String> = None;
+    let mut pages = 0;
+    loop {
+        let path = match &cursor {
+            Some(c) => format!("/timers?limit=40&cursor={c}"),
+            None => "/timers?limit=40".to_string(),
+        };
+        let (status, page) = api.get(&path).await;
+        assert_eq!(status, 200, "{page}");
+        let items = page["items"].as_array().unwrap();
+        pages += 1;
+        assert_eq!(items.len(), if pages < 3 { 40 } else { 25 }, "{page}");
+        seen.extend(
+            items
+                .iter()
+                .map(|t| t["name"].as_str().unwrap().to_string()),
+        );
+        match page["next_cursor"].as_str() {
+            Some(c) => {
+                assert_eq!(Some(c), seen.last().map(String::as_str));
+                cursor = Some(c.to_string());
+            }
+            None => break,
+        }
+        assert!(pages < 10, "pages never end");
+    }
+    assert_eq!(seen, names);
+    // The default page is 100; a limit outside 1..=1000 is refused.
+    let (_, page) = api.get("/timers").await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 100);
+    assert_eq!(page["next_cursor"], "t099");
+    for bad in ["0", "1001", "x"] {
+        let (status, reply) = api.get(&format!("/timers?limit={bad}")).await;
+        assert_eq!(status, 400, "{reply}");
+        assert_eq!(reply["error"]["code"], "invalid_query", "{reply}");
+    }
+    // `kairos timers` lists every page.
+    let out = std::process::Command::new(kairos_bin())
+        .args([
+            "--server",
+            &format!("http://{}", host.addr),
+            "timers",
+            "-o",
+            "json",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let listed: Vec<&str> = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(listed, names);
+}

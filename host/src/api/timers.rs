@@ -500,18 +500,45 @@ pub(crate) async fn show_timer(
     get,
     path = "/timers",
     tag = "timers",
-    responses((status = 200, description = "Every timer.", body = TimerList))
+    params(TimerListQuery),
+    responses(
+        (status = 200, description = "A page of timers by name; `next_cursor` goes on from its last.", body = TimerList),
+        (status = 400, description = "A limit that is not 1 to 1000 (`invalid_query`).", body = ErrorBody),
+    )
 )]
-pub(crate) async fn list_timers(State(app): State<Shared>) -> Result<Json<Value>, ApiError> {
+pub(crate) async fn list_timers(
+    State(app): State<Shared>,
+    Query(query): Query<TimerListQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = query.limit.unwrap_or(100);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request(
+            "invalid_query",
+            "limit must be 1 to 1000",
+        ));
+    }
     let now_ms = app.clock.now_ms();
-    let items: Vec<Value> = app
+    let (timers, next_cursor) = app
         .store
-        .timer_list()
-        .await?
+        .timer_page(query.cursor.as_deref(), limit as usize)
+        .await?;
+    let items: Vec<Value> = timers
         .into_iter()
         .map(|(name, hash, plan)| timer_json(&app, &name, &hash, &plan, now_ms, 0, None))
         .collect();
-    Ok(Json(json!({"items": items})))
+    Ok(Json(json!({"items": items, "next_cursor": next_cursor})))
+}
+
+/// A page of `GET /timers`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct TimerListQuery {
+    /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the page before: the timers named after it.
+    cursor: Option<String>,
 }
 
 /// `?limit=N` of a list.

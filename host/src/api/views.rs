@@ -156,6 +156,8 @@ pub(crate) struct TimerView {
 #[derive(serde::Serialize, ToSchema)]
 pub(crate) struct TimerList {
     items: Vec<TimerView>,
+    /// The `cursor` of the next page; null on the last.
+    next_cursor: Option<String>,
 }
 
 /// One run of a timer: its times in epoch ms, and as RFC 3339 (`..._time`).

@@ -602,7 +602,22 @@ async fn list_table(
     headers: &[&'static str],
     row: impl Fn(&Value) -> Vec<String>,
 ) -> anyhow::Result<()> {
-    let list = api.get(path).await?;
+    let mut list = api.get(path).await?;
+    // A paged list (`next_cursor`): every page, in order. The cursor moves on with each
+    // page; the bound only guards against a server that repeats one.
+    for _ in 0..100_000 {
+        let Some(cursor) = list["next_cursor"].as_str().map(str::to_string) else {
+            break;
+        };
+        let sep = if path.contains('?') { '&' } else { '?' };
+        let page = api
+            .get(&format!("{path}{sep}limit=1000&cursor={}", encode(&cursor)))
+            .await?;
+        if let (Some(items), Some(more)) = (list[key].as_array_mut(), page[key].as_array()) {
+            items.extend(more.iter().cloned());
+        }
+        list["next_cursor"] = page["next_cursor"].clone();
+    }
     if output == Output::Json {
         print_json(&list);
         return Ok(());

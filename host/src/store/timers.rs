@@ -15,6 +15,9 @@ use crate::error::ApiError;
 pub const TIMER_RUNS_KEPT: usize = 200;
 
 /// `schedule`, `timezone`, `version` and `dialect` of a timer hash.
+/// A timer as listed: its name, its hash and its Plan's hash.
+pub type TimerEntry = (String, HashMap<String, String>, HashMap<String, String>);
+
 type TimerFinishFields = (
     Option<String>,
     Option<String>,
@@ -167,14 +170,61 @@ impl Store {
     }
 
     /// Every timer (hash and Plan hash), by name, from every shard.
-    pub async fn timer_list(
+    pub async fn timer_list(&self) -> Result<Vec<TimerEntry>, ApiError> {
+        Ok(self.timer_page(None, usize::MAX).await?.0)
+    }
+
+    /// A page of timers by name: the first `limit` after `after` (all shards merged),
+    /// and the name to go on after when there are more. Each shard is asked for at
+    /// most `limit + 1` names (one more tells whether it has more), so a page costs the
+    /// same however many timers there are.
+    pub async fn timer_page(
         &self,
-    ) -> Result<Vec<(String, HashMap<String, String>, HashMap<String, String>)>, ApiError> {
+        after: Option<&str>,
+        limit: usize,
+    ) -> Result<(Vec<TimerEntry>, Option<String>), ApiError> {
+        let min = match after {
+            Some(name) => format!("({name}"),
+            None => "-".to_string(),
+        };
         let reads = (0..self.shard_count()).map(|shard| {
             let mut conn = self.conn();
             let k = self.shard(shard);
+            let min = min.clone();
             async move {
-                let names: Vec<String> = conn.zrange(k.timers(), 0, -1).await?;
+                let names: Vec<String> = redis::cmd("ZRANGEBYLEX")
+                    .arg(k.timers())
+                    .arg(&min)
+                    .arg("+")
+                    .arg("LIMIT")
+                    .arg(0)
+                    .arg(limit.saturating_add(1).min(i64::MAX as usize) as i64)
+                    .query_async(&mut conn)
+                    .await?;
+                Ok::<_, redis::RedisError>((shard, names))
+            }
+        });
+        let mut names: Vec<(String, u32)> = futures_util::future::try_join_all(reads)
+            .await?
+            .into_iter()
+            .flat_map(|(shard, names)| names.into_iter().map(move |n| (n, shard)))
+            .collect();
+        names.sort();
+        let more = names.len() > limit;
+        names.truncate(limit);
+        let next = if more {
+            names.last().map(|(n, _)| n.clone())
+        } else {
+            None
+        };
+        let mut by_shard: HashMap<u32, Vec<String>> = HashMap::new();
+        for (name, shard) in names {
+            by_shard.entry(shard).or_default().push(name);
+        }
+        let reads = by_shard.into_iter().map(|(shard, names)| {
+            let mut conn = self.conn();
+            let k = self.shard(shard);
+            async move {
                 if names.is_empty() {
                     return Ok::<_, redis::RedisError>(Vec::new());
                 }
@@ -202,7 +252,7 @@ impl Store {
             .flatten()
             .collect();
         all.sort_by(|a, b| a.0.cmp(&b.0));
-        Ok(all)
+        Ok((all, next))
     }
 
     /// Fires a timer now (`POST /timers/{name}/run`): 'ok' | 'missing' | 'running'.

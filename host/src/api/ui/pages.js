@@ -80,7 +80,8 @@ async function overview(view, ctx) {
   const now = Date.now();
   const [soon, timers] = await Promise.all([
     api('GET', '/schedules', { query: { state: 'Inexistent', from: now, to: now + 3600e3, limit: 10 } }),
-    api('GET', '/timers'),
+    // The first 200 timers by name: an overview reads a bounded page, never them all.
+    api('GET', '/timers', { query: { limit: 200 } }),
   ]);
   const nextTimers = timers.items.filter((t) => t.active && t.next_run_ms)
     .sort((a, b) => a.next_run_ms - b.next_run_ms).slice(0, 5);
@@ -291,7 +292,9 @@ function timerButtons(t, done) {
 
 async function timers(view, ctx) {
   if (ctx.args.length) return timer(view, ctx, ctx.args[0]);
-  const list = await api('GET', '/timers');
+  // A page of timers by name: server-side, however many there are.
+  const list = await api('GET', '/timers', { query: { limit: ctx.query.get('limit') || 50, cursor: ctx.query.get('cursor') } });
+  const next = new URLSearchParams({ cursor: list.next_cursor || '' });
   const rows = list.items.map((t) => h('tr', { dataset: { timer: t.name } },
     h('td', {}, link(t.name, 'timers', t.name)), h('td', { class: 'mono' }, t.schedule || ''), h('td', {}, t.description || ''),
     h('td', {}, badge(t.active ? t.state : 'Inactive')), h('td', {}, t.active ? when(t.next_run, t.next_run_ms) : ''),
@@ -304,6 +307,7 @@ async function timers(view, ctx) {
   fill(view,
     heading('Timers', refreshButton(ctx)),
     table(['Name', 'Schedule', 'Meaning', 'State', 'Next run', 'Last outcome', 'Last run', ''], rows, 'No timer yet.'),
+    list.next_cursor ? h('p', {}, h('a', { href: `#/timers?${next}`, class: 'button secondary', id: 'next-timers' }, 'Next page →')) : null,
     actionForm({ id: 'create-timer' }, [
       h('h2', {}, 'New timer'),
       h('div', { class: 'grid' }, field('Name', name), field('Schedule', schedule), field('Time zone', zone)),
