@@ -281,6 +281,7 @@ impl Engine {
                             // call; the Plan is left to whoever holds it (this host's
                             // audit hands it back if nobody took it over).
                             tracing::warn!(plan = %plan.plan_id, "this host's lease lapsed between the start of a run and its call; not calling");
+                            engine.metrics.fenced_runs.fetch_add(1, Ordering::Relaxed);
                             drop(slot);
                             engine.running.fetch_sub(1, Ordering::AcqRel);
                             engine.forget(&plan);
@@ -450,6 +451,7 @@ impl Engine {
             // This host lost the Plan while it ran: whoever holds it now runs it, and
             // the record is theirs to write.
             tracing::warn!(plan = %plan.plan_id, "this host's lease lapsed during a run; a request was not sent and the run is not recorded");
+            self.metrics.fenced_runs.fetch_add(1, Ordering::Relaxed);
             self.forget(&plan);
             return None;
         }

@@ -108,6 +108,10 @@ pub struct Metrics {
     lateness_sum_us: AtomicU64,
     /// Plans taken back from hosts whose lease expired.
     pub plans_reclaimed: AtomicU64,
+    /// Shards this host took over from another host whose lease had run out.
+    pub shard_takeovers: AtomicU64,
+    /// Runs that sent nothing (more) because this host's lease lapsed (`actions::Fence`).
+    pub fenced_runs: AtomicU64,
     /// Run durations by action kind: cumulative bucket counts, count, sum.
     duration_buckets: [[AtomicU64; DURATION_BUCKETS.len()]; ACTIONS.len()],
     duration_count: [AtomicU64; ACTIONS.len()],
@@ -337,6 +341,16 @@ impl Metrics {
             out,
             "kairos_plans_reclaimed_total {}",
             get(&self.plans_reclaimed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP kairos_shard_takeovers_total Shards this host took over from a host whose lease had run out.\n# TYPE kairos_shard_takeovers_total counter\nkairos_shard_takeovers_total {}",
+            get(&self.shard_takeovers)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP kairos_fenced_runs_total Runs that sent no request, or no further one, because this host's lease had lapsed (another host runs them).\n# TYPE kairos_fenced_runs_total counter\nkairos_fenced_runs_total {}",
+            get(&self.fenced_runs)
         );
         for (name, help, value) in gauges {
             let _ = writeln!(out, "# HELP {name} {help}");

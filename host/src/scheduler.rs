@@ -443,6 +443,11 @@ impl Engine {
         self.lease.intact(token, wall_ms() + self.lease_ms() / 4)
     }
 
+    /// How long this host's lease holds still, by its own clock (ms; negative: lapsed).
+    pub fn lease_left_ms(&self) -> i64 {
+        self.lease.until_ms.load(Ordering::Acquire) - wall_ms()
+    }
+
     /// How long ago the lease was last renewed (ms).
     pub fn ms_since_lease_renewed(&self) -> i64 {
         wall_ms() - self.last_renewed_ms.load(Ordering::Acquire)

@@ -259,6 +259,9 @@ impl Engine {
         } else if previous.is_empty() || previous == self.host_id {
             tracing::debug!(shard, gen, plans = moved, "took a shard");
         } else {
+            self.metrics
+                .shard_takeovers
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(shard, gen, from = %previous, plans = moved, "took over a shard whose lease had run out; its claimed Plans are back in the due set");
         }
         self.shards.insert(shard, gen);

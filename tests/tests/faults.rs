@@ -487,4 +487,21 @@ async fn a_host_resumed_past_its_lease_sends_no_more_requests_of_its_run() {
         after["plans"], life["plans"],
         "the resumed run wrote over the Plan"
     );
+    // Both sides in /metrics: the fenced run, the shards taken over.
+    let sample = |text: &str, name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in /metrics"))
+    };
+    let (_, text) = api.text("/metrics").await;
+    assert_eq!(sample(&text, "kairos_fenced_runs_total"), 1.0, "{text}");
+    let (_, text) = Api::new(&other).text("/metrics").await;
+    assert!(
+        sample(&text, "kairos_shard_takeovers_total") >= 1.0,
+        "{text}"
+    );
+    assert!(
+        sample(&text, "kairos_lease_remaining_seconds") > 0.0,
+        "{text}"
+    );
 }

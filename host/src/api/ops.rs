@@ -51,6 +51,11 @@ pub(crate) async fn metrics(State(app): State<Shared>) -> Result<Response, ApiEr
             app.engine.shards.len() as f64,
         ),
         (
+            "kairos_lease_remaining_seconds",
+            "How long this host's lease on its shards holds without another renewal (negative: lapsed).",
+            app.engine.lease_left_ms() as f64 / 1000.0,
+        ),
+        (
             "kairos_due_plans",
             "Plans waiting in Redis to be claimed (all hosts).",
             stats.due as f64,
