@@ -268,7 +268,7 @@ async fn hostile_plugins_fail_only_their_own_plan_and_the_host_serves_on() {
     let panicked = only_run(&wait_finished(&api, "7f000000-0000-4000-8000-000000000103").await);
     let error = panicked["error"].as_str().unwrap_or("");
     assert!(
-        error.starts_with("plugin hostile panicked at ") && error.contains("lib.rs:50:"),
+        error.starts_with("plugin hostile panicked at ") && error.contains("lib.rs:51:"),
         "{error}"
     );
     assert!(!panic_logs.contains("RUST_BACKTRACE"), "{panic_logs}");

@@ -404,15 +404,28 @@ impl PluginRuntime {
     ///
     /// [`run_traced`]: PluginRuntime::run_traced
     pub async fn prepare(&self, bytes: Vec<u8>) -> Result<ActionPre<Sandbox>, String> {
+        let component = self.compile(bytes, None).await?;
+        self.prelink(&component)
+    }
+
+    /// Compiles a component on a blocking thread, and keeps the artifact in the disk
+    /// cache at `cache` when given. The one place kairos compiles; the error is a
+    /// sentence for whoever gave the bytes.
+    async fn compile(&self, bytes: Vec<u8>, cache: Option<PathBuf>) -> Result<Component, String> {
         if !bytes.starts_with(b"\0asm") {
             return Err("not a WebAssembly binary (it does not start with \\0asm): give the .wasm file cargo builds for wasm32-wasip2".into());
         }
         let engine = self.engine.clone();
-        let component = tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
-            .await
-            .map_err(|e| format!("compilation did not finish: {e}"))?
-            .map_err(|e| format!("not a valid WebAssembly component: {}", root(&e)))?;
-        self.prelink(&component)
+        tokio::task::spawn_blocking(move || {
+            let component = Component::new(&engine, &bytes)?;
+            if let Some(path) = cache {
+                write_artifact(&path, &component);
+            }
+            Ok::<_, wasmtime::Error>(component)
+        })
+        .await
+        .map_err(|e| format!("compilation did not finish: {e}"))?
+        .map_err(|e| format!("not a valid WebAssembly component: {}", root(&e)))
     }
 
     /// Runs a prepared component once, as a firing would (same engine, sandbox and the
@@ -431,16 +444,7 @@ impl PluginRuntime {
     /// never run is refused at once. Returns the error as a sentence, or the compiled
     /// component for [`keep_compiled`](PluginRuntime::keep_compiled).
     pub async fn check(&self, bytes: Vec<u8>) -> Result<Compiled, String> {
-        if !bytes.starts_with(b"\0asm") {
-            return Err(
-                "not a WebAssembly binary (it does not start with \\0asm); upload the .wasm file cargo builds for wasm32-wasip2".into(),
-            );
-        }
-        let engine = self.engine.clone();
-        let component = tokio::task::spawn_blocking(move || Component::new(&engine, &bytes))
-            .await
-            .map_err(|e| format!("compilation did not finish: {e}"))?
-            .map_err(|e| format!("not a valid WebAssembly component: {}", root(&e)))?;
+        let component = self.compile(bytes, None).await?;
         let pre = self.prelink(&component)?;
         Ok(Compiled { component, pre })
     }
@@ -533,16 +537,6 @@ impl PluginRuntime {
         }
     }
 
-    /// Whether a digest's component is loaded in memory now (for tests of warming).
-    pub fn is_resident(&self, digest: &str) -> bool {
-        self.loaded
-            .lock()
-            .expect("plugin cache")
-            .by_digest
-            .get(digest)
-            .is_some_and(|(cell, _)| cell.initialized())
-    }
-
     /// The pre-linked component of a digest: from memory, the disk cache, or Redis.
     async fn load(&self, digest: &str) -> Result<ActionPre<Sandbox>, Failure> {
         let cell = self.loaded.lock().expect("plugin cache").get(digest);
@@ -584,24 +578,11 @@ impl PluginRuntime {
         if let Some(component) = self.read_cached(&digest).await {
             return Ok((self.prelink(&component)?, true));
         }
-        if !bytes.starts_with(b"\0asm") {
-            return Err("not a WebAssembly binary (it does not start with \\0asm): give the .wasm file cargo builds for wasm32-wasip2".into());
-        }
-        let engine = self.engine.clone();
-        let path = self.cache_path(&digest);
-        let component = tokio::task::spawn_blocking(move || {
-            let component = Component::new(&engine, &bytes)?;
-            write_artifact(&path, &component);
-            Ok::<_, wasmtime::Error>(component)
-        })
-        .await
-        .map_err(|e| format!("compilation did not finish: {e}"))?
-        .map_err(|e| format!("not a valid WebAssembly component: {}", root(&e)))?;
+        let component = self.compile(bytes, Some(self.cache_path(&digest))).await?;
         Ok((self.prelink(&component)?, false))
     }
 
     async fn load_uncached(&self, digest: &str) -> Result<ActionPre<Sandbox>, Failure> {
-        let path = self.cache_path(digest);
         let cached = self.read_cached(digest).await;
         let component = match cached {
             Some(c) => c,
@@ -616,15 +597,9 @@ impl PluginRuntime {
                     .ok_or_else(|| {
                         Failure::Setup("its component bytes are gone from Redis".to_string())
                     })?;
-                let engine = self.engine.clone();
-                tokio::task::spawn_blocking(move || {
-                    let component = Component::new(&engine, &bytes)?;
-                    write_artifact(&path, &component);
-                    Ok::<_, wasmtime::Error>(component)
-                })
-                .await
-                .map_err(|e| Failure::Setup(format!("compilation did not finish: {e}")))?
-                .map_err(|e| Failure::Setup(format!("cannot compile: {}", root(&e))))?
+                self.compile(bytes, Some(self.cache_path(digest)))
+                    .await
+                    .map_err(Failure::Setup)?
             }
         };
         self.prelink(&component).map_err(Failure::Setup)
