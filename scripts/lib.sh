@@ -178,3 +178,59 @@ build_python_plugins() {
     mv "$out.tmp" "$out" && touch "$stamp"
   done
 }
+
+# componentize-js and rolldown from the npm registry, pinned (the component's runtime,
+# StarlingMonkey, comes with componentize-js), into target/componentize-js, kept between
+# runs; Node.js 18 or newer from Debian's nodejs and npm packages where missing. Sets
+# JS_NODE_PATH. With KAIROS_NO_INSTALL=1 (the end-to-end tests) it installs nothing and
+# says what to run.
+COMPONENTIZE_JS_VERSION=0.23.0
+ROLLDOWN_VERSION=1.3.2
+need_componentize_js() {
+  dir=target/componentize-js
+  JS_NODE_PATH="$PWD/$dir/node_modules"
+  manifest="$dir/node_modules/@bytecodealliance/componentize-js/package.json"
+  if [ -f "$manifest" ] && grep -q "\"version\": \"$COMPONENTIZE_JS_VERSION\"" "$manifest" &&
+    [ -f "$dir/node_modules/rolldown/package.json" ]; then
+    return
+  fi
+  install="npm install --prefix $dir @bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION rolldown@$ROLLDOWN_VERSION"
+  if [ "${KAIROS_NO_INSTALL:-}" = 1 ]; then
+    echo "componentize-js $COMPONENTIZE_JS_VERSION is missing: $install (scripts/test does this)" >&2
+    return 1
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+      echo "installing Node.js and npm (apt-get)…" >&2
+      apt-get update -qq >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null
+    fi
+    command -v npm >/dev/null 2>&1 || { echo "Node.js and npm are missing: apt-get install -y nodejs npm" >&2; return 1; }
+  fi
+  echo "installing componentize-js $COMPONENTIZE_JS_VERSION and rolldown $ROLLDOWN_VERSION (npm)…" >&2
+  mkdir -p "$dir"
+  npm install --prefix "$dir" --no-audit --no-fund --silent \
+    "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" "rolldown@$ROLLDOWN_VERSION" >&2 || {
+    echo "cannot install componentize-js from the npm registry: $install" >&2; return 1; }
+}
+
+# Builds each JavaScript plugin, plugins/js-*/ (its module app.js, with the SDK in
+# guest-sdk/js), into target-plugins/js/{name with _}.wasm against wit/; a component
+# newer than its sources, the SDK, wit/ and the pinned versions is kept.
+build_js_plugins() {
+  need_componentize_js || return 1
+  mkdir -p target-plugins/js
+  for dir in plugins/js-*/; do
+    name=$(basename "$dir")
+    out="target-plugins/js/${name//-/_}.wasm"
+    stamp="$out.componentize-js-$COMPONENTIZE_JS_VERSION"
+    if [ -f "$out" ] && [ -f "$stamp" ] &&
+      [ -z "$(find "$dir" guest-sdk/js wit -type f -newer "$out" -print -quit)" ]; then
+      continue
+    fi
+    echo "building $out (componentize-js)…" >&2
+    rm -f "$out".componentize-js-*
+    NODE_PATH="$JS_NODE_PATH" node guest-sdk/js/build.mjs "$dir/app.js" "$out.tmp" wit >&2 ||
+      { rm -f "$out.tmp"; return 1; }
+    mv "$out.tmp" "$out" && touch "$stamp"
+  done
+}

@@ -572,9 +572,26 @@ pub fn plugin_wasm(crate_name: &str) -> Vec<u8> {
 /// fails the test with the command that installs it (scripts/test runs it).
 pub fn python_plugin_wasm(name: &str) -> Vec<u8> {
     static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
-    let built = BUILT.get_or_init(|| {
+    language_plugin_wasm(&BUILT, "python", name)
+}
+
+/// The bytes of a JavaScript plugin, `plugins/js-{name}` built with componentize-js
+/// (`build_js_plugins`), as [`python_plugin_wasm`] does.
+pub fn js_plugin_wasm(name: &str) -> Vec<u8> {
+    static BUILT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    language_plugin_wasm(&BUILT, "js", name)
+}
+
+/// `plugins/{lang}-{name}` built by `build_{lang}_plugins` (once per test binary) into
+/// `target-plugins/{lang}/{lang}_{name}.wasm`.
+fn language_plugin_wasm(
+    built: &std::sync::OnceLock<Result<(), String>>,
+    lang: &str,
+    name: &str,
+) -> Vec<u8> {
+    let built = built.get_or_init(|| {
         let out = Command::new("bash")
-            .args(["-c", ". scripts/lib.sh && build_python_plugins"])
+            .args(["-c", &format!(". scripts/lib.sh && build_{lang}_plugins")])
             .current_dir(workspace_dir())
             .env("KAIROS_NO_INSTALL", "1")
             .output()
@@ -586,10 +603,10 @@ pub fn python_plugin_wasm(name: &str) -> Vec<u8> {
         }
     });
     if let Err(e) = built {
-        panic!("cannot build the Python plugins: {e}");
+        panic!("cannot build the {lang} plugins: {e}");
     }
     let file = workspace_dir().join(format!(
-        "target-plugins/python/python_{}.wasm",
+        "target-plugins/{lang}/{lang}_{}.wasm",
         name.replace('-', "_")
     ));
     std::fs::read(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()))

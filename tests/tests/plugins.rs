@@ -1529,3 +1529,119 @@ async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for
     assert!(error.contains("/gone answered 404"), "{error}");
     assert_eq!(sink.received().len(), 2);
 }
+
+/// A JavaScript plugin (plugins/js-forward, built with componentize-js) end to end: its
+/// request as the sink sees it, a bad input failed for good with the plugin's message,
+/// a 503 retried (a retryable PluginError) until it succeeds, and a host its
+/// allowed_hosts do not list refused, with the refusal in the run's logs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_javascript_plugin_forwards_retries_and_fails_bad_input_for_good() {
+    let wasm = js_plugin_wasm("forward");
+    let (_redis, sink, _host, api) = start().await;
+    let (status, meta) = api
+        .raw(
+            Method::PUT,
+            &format!("/plugins/js-forward?{}&timeout=10s", allow_sink(&sink)),
+            wasm.clone(),
+            &[("content-type", "application/wasm")],
+        )
+        .await;
+    assert_eq!(status, 201, "upload refused: {meta:#}");
+    assert_eq!(meta["size"], wasm.len());
+
+    let at = now_ms() + 1_500;
+    let ok = "7f000000-0000-4000-8000-0000000000b1";
+    let bad_input = "7f000000-0000-4000-8000-0000000000b2";
+    let input = |path: &str| {
+        json!({
+            "url": format!("{}{path}", sink.base_url()),
+            "headers": {"x-custom": "yes"},
+            "body": {"order": 42, "note": "né"},
+        })
+    };
+    book(
+        &api,
+        &plugin_point(ok, at, "js-forward", input("/forwarded?x=1")),
+    )
+    .await;
+    book(
+        &api,
+        &plugin_point(bad_input, at, "js-forward", json!({"body": {}})),
+    )
+    .await;
+
+    let life = wait_finished(&api, ok).await;
+    assert_eq!(state(&life), "Dead", "{life:#}");
+    let run = only_run(&life);
+    assert_eq!(run["output"], json!({"status": 200}), "{run:#}");
+    let logs: Vec<String> = serde_json::from_value(run["logs"].clone()).unwrap();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("POST") && l.ends_with("-> 200")),
+        "{logs:?}"
+    );
+    let got = sink.received();
+    assert_eq!(got.len(), 1, "one outbound call");
+    let call = &got[0];
+    assert_eq!(
+        (
+            call.method.as_str(),
+            call.path.as_str(),
+            call.query.as_deref()
+        ),
+        ("POST", "/forwarded", Some("x=1"))
+    );
+    assert_eq!(call.header("x-custom"), Some("yes"));
+    assert_eq!(call.header("x-kairos-life"), Some(ok));
+    // The key a webhook of the same Plan would send.
+    assert_eq!(
+        call.header("idempotency-key"),
+        Some(format!("{ok}:birth").as_str())
+    );
+    assert_eq!(call.header("content-type"), Some("application/json"));
+    assert_eq!(
+        call.header("content-length"),
+        Some(call.body.len().to_string().as_str())
+    );
+    let body: Value = serde_json::from_slice(&call.body).unwrap();
+    assert_eq!(body, json!({"order": 42, "note": "né"}));
+
+    let life = wait_finished(&api, bad_input).await;
+    assert_eq!(state(&life), "Stillbirth", "{life:#}");
+    let error = only_run(&life)["error"].as_str().unwrap().to_string();
+    assert!(error.contains("input.url: a string is required"), "{error}");
+
+    // A 503 is a retryable PluginError: run again, and the second run succeeds.
+    sink.answer(&[503]);
+    let retried = "7f000000-0000-4000-8000-0000000000b3";
+    let mut action = plugin_point(retried, now_ms() + 1_000, "js-forward", input("/busy"));
+    action["birth"]["retry_count"] = json!(2);
+    action["birth"]["retry_interval"] = json!(1);
+    book(&api, &action).await;
+    let life = wait_finished(&api, retried).await;
+    assert_eq!(state(&life), "Dead", "{life:#}");
+    let busy: Vec<_> = sink
+        .received()
+        .into_iter()
+        .filter(|r| r.path == "/busy")
+        .collect();
+    assert_eq!(busy.len(), 2, "one retry after the 503");
+
+    // A host the plugin may not call: refused by the sandbox, the refusal logged.
+    let denied = "7f000000-0000-4000-8000-0000000000b4";
+    let elsewhere = json!({"url": "http://127.0.0.1:9/nowhere"});
+    book(
+        &api,
+        &plugin_point(denied, now_ms() + 1_000, "js-forward", elsewhere),
+    )
+    .await;
+    let life = wait_finished(&api, denied).await;
+    assert_eq!(state(&life), "Stillbirth", "{life:#}");
+    let run = only_run(&life);
+    let logs: Vec<String> = serde_json::from_value(run["logs"].clone()).unwrap();
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("denied") && l.contains("not in this plugin's allowed_hosts")),
+        "{run:#}"
+    );
+}

@@ -1,0 +1,157 @@
+// Write kairos action plugins in JavaScript.
+//
+// A plugin is one async function that takes the firing's context and its parsed input,
+// and returns something JSON.stringify can write (or throws a PluginError); one line
+// exports it:
+//
+//     import { exportAction, http } from 'kairos-guest';
+//     export const run = exportAction(async (ctx, input) => {
+//       const response = await http.get(input.url);
+//       return { status: response.status };
+//     });
+//
+// Build it into a component with componentize-js against the kairos:plugin/action world
+// in kairos's wit/ (see this directory's README). What a plugin can reach is what the
+// host gives it: `http` (fetch, through the host's outbound policy and the plugin's
+// allowed_hosts), `log`, the clock (`nowMs`) and `schedule`. No filesystem, environment
+// or socket.
+
+import { log as witLog } from 'kairos:plugin/log@0.1.0';
+import { book as witBook, cancel as witCancel } from 'kairos:plugin/schedule@0.1.0';
+
+/** Why a run did not succeed: `retryable` lets the host run the Plan again later (as
+ * its action's retry_count allows); a fatal one fails the Plan at once. */
+export class PluginError extends Error {
+  constructor(message, retryable = false) {
+    super(message);
+    this.name = 'PluginError';
+    this.retryable = retryable;
+    // The WIT `plugin-error` record, as the component's `run` returns it.
+    this.payload = { message: String(message), retryable };
+  }
+  static retryable(message) {
+    return new PluginError(message, true);
+  }
+  static fatal(message) {
+    return new PluginError(message, false);
+  }
+}
+
+/** A refused booking: the REST API's error `code` and `message`. */
+export class BookingError extends Error {
+  constructor(code, message) {
+    super(`${code}: ${message}`);
+    this.name = 'BookingError';
+    this.code = code;
+  }
+}
+
+const line = (level) => (...parts) => witLog(level, parts.map(String).join(' '));
+
+/** Lines for the run's entry in the Plan's history (the first 64 lines, 16 KiB each). */
+export const log = {
+  trace: line('trace'),
+  debug: line('debug'),
+  info: line('info'),
+  warn: line('warn'),
+  error: line('error'),
+};
+
+function bookingError(e) {
+  const p = e && e.payload ? e.payload : e;
+  return p && p.code ? new BookingError(p.code, p.message) : e;
+}
+
+/** Books follow-up work as POST /schedules would (the request is the JSON body, as an
+ * object), and cancels Lives as DELETE /schedules/{id} would. */
+export const schedule = {
+  book(request) {
+    try {
+      return witBook(typeof request === 'string' ? request : JSON.stringify(request));
+    } catch (e) {
+      throw bookingError(e);
+    }
+  },
+  cancel(lifeId) {
+    try {
+      witCancel(lifeId);
+    } catch (e) {
+      throw bookingError(e);
+    }
+  },
+};
+
+/** Outbound HTTP through the sandbox: `fetch`, with the body read whole. A refused or
+ * failed request throws a TypeError (fetch's way), which fails the run as retryable. */
+export const http = {
+  async request(method, url, { headers = {}, json, body } = {}) {
+    const init = { method, headers: { ...headers } };
+    if (json !== undefined) {
+      init.body = JSON.stringify(json);
+      if (!Object.keys(init.headers).some((h) => h.toLowerCase() === 'content-type')) {
+        init.headers['content-type'] = 'application/json';
+      }
+    } else if (body !== undefined) {
+      init.body = body;
+    }
+    let response;
+    try {
+      response = await fetch(url, init);
+    } catch (e) {
+      throw PluginError.retryable(`${method} ${url} failed: ${e && e.message ? e.message : e}`);
+    }
+    const text = await response.text();
+    return {
+      status: response.status,
+      ok: response.ok,
+      headers: response.headers,
+      text,
+      json: () => JSON.parse(text),
+    };
+  },
+  get(url, options) {
+    return http.request('GET', url, options);
+  },
+  post(url, options) {
+    return http.request('POST', url, options);
+  },
+};
+
+/** Milliseconds since the Unix epoch (the host's wall clock). */
+export function nowMs() {
+  return Date.now();
+}
+
+/** The component's `run` export from a plugin's `async (ctx, input) => output`: the
+ * input parsed from JSON, the output written as JSON, any other throw a fatal error.
+ * `ctx` is `{lifeId, plan ('birth'|'death'), scheduledAtMs, attempt, resourceId,
+ * pluginName, pluginVersion, idempotencyKey}`; `idempotencyKey` is the one a webhook
+ * of the same Plan would send (`{lifeId}:{plan}`). */
+export function exportAction(run) {
+  return async function (ctx, input) {
+    const context = Object.freeze({
+      lifeId: ctx.lifeId,
+      plan: ctx.plan,
+      scheduledAtMs: Number(ctx.scheduledAtMs),
+      attempt: ctx.attempt,
+      resourceId: ctx.resourceId ?? null,
+      pluginName: ctx.pluginName,
+      pluginVersion: ctx.pluginVersion,
+      idempotencyKey: `${ctx.lifeId}:${ctx.plan}`,
+    });
+    let parsed;
+    try {
+      parsed = JSON.parse(input);
+    } catch (e) {
+      throw PluginError.fatal(`the input is not JSON: ${e.message}`);
+    }
+    let output;
+    try {
+      output = await run(context, parsed);
+    } catch (e) {
+      if (e instanceof PluginError) throw e;
+      throw PluginError.fatal(`${e && e.name ? e.name : 'Error'}: ${e && e.message ? e.message : e}`);
+    }
+    return JSON.stringify(output === undefined ? null : output);
+  };
+}
