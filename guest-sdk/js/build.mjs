@@ -36,7 +36,7 @@ async function load(name) {
     while (entry && typeof entry === 'object') entry = entry.import ?? entry.default ?? entry.node;
     return import(pathToFileURL(join(dir, entry ?? 'index.js')).href);
   }
-  console.error(`${name} is not installed: npm install @bytecodealliance/componentize-js@0.23.0 rolldown@1.3.2 (scripts/test does this into target/componentize-js)`);
+  console.error(`${name} is not installed: npm install (in a project from 'kairos plugins new --lang js'), or npm install @bytecodealliance/componentize-js@0.23.0 rolldown@1.3.2 and NODE_PATH=that node_modules`);
   process.exit(1);
 }
 const { rolldown } = await load('rolldown');

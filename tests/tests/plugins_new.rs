@@ -57,7 +57,18 @@ async fn a_new_project_builds_tests_and_runs_as_is() {
         .join("../target-plugins/wasm32-wasip2/release/greeter.wasm");
     assert!(wasm.is_file(), "{}", wasm.display());
 
-    // Run once in the host's sandbox, against a real server.
+    runs_and_greets(&wasm).await;
+
+    // A second time, over the same directory, it refuses and writes nothing.
+    let (code, _, err) = kairos_command(&["plugins", "new", "greeter", "--dir", &dir]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("there already"), "{err}");
+}
+
+/// Runs the component at `wasm` once in the host's sandbox (`kairos plugins run`) against
+/// a real server, as every template's plugin does: it POSTs the greeting and answers the
+/// status.
+async fn runs_and_greets(wasm: &std::path::Path) {
     let sink = Sink::start().await;
     let target = format!("127.0.0.1:{}", sink.addr.port());
     let input = serde_json::json!({"url": format!("http://{target}/hi"), "name": "kairos"});
@@ -78,9 +89,100 @@ async fn a_new_project_builds_tests_and_runs_as_is() {
         serde_json::from_slice::<serde_json::Value>(&got[0].body).unwrap(),
         serde_json::json!({"greeting": "hello, kairos"})
     );
+    assert!(got[0].header("idempotency-key").is_some());
+}
 
-    // A second time, over the same directory, it refuses and writes nothing.
-    let (code, _, err) = kairos_command(&["plugins", "new", "greeter", "--dir", &dir]);
-    assert_eq!(code, 1, "{err}");
-    assert!(err.contains("there already"), "{err}");
+/// Runs `program args` in `dir` with `env`; panics with its output when it fails.
+fn run_tool(dir: &std::path::Path, program: &str, args: &[&str], env: &[(&str, String)]) {
+    let out = Command::new(program)
+        .args(args)
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+        .current_dir(dir)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?} in {}: {}{}",
+        dir.display(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Makes sure scripts/lib.sh's `need` installed its tool (scripts/test does; nothing is
+/// installed here), and says where the workspace is.
+fn tool_ready(need: &str) -> std::path::PathBuf {
+    let workspace = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    run_tool(
+        &workspace,
+        "bash",
+        &["-c", &format!(". scripts/lib.sh && {need}")],
+        &[("KAIROS_NO_INSTALL", "1".into())],
+    );
+    workspace.canonicalize().unwrap()
+}
+
+/// `--lang js` and `--lang python`: the projects build with their tools as their READMEs
+/// say (componentize-js through the project's build script, componentize-py on the
+/// project's directory), and the components run in the host's sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn javascript_and_python_projects_build_and_run_as_is() {
+    let parent = TempDir::new("plugins-new-langs");
+    let dir = parent.0.display().to_string();
+
+    let (code, out, err) = kairos_command(&[
+        "plugins",
+        "new",
+        "greeter-js",
+        "--lang",
+        "js",
+        "--dir",
+        &dir,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("npm run build"), "{out}");
+    let project = parent.0.join("greeter-js");
+    let workspace = tool_ready("need_componentize_js");
+    // `npm run build` with the tools scripts/test installed, not a download.
+    let node_path = workspace.join("target/componentize-js/node_modules");
+    run_tool(
+        &project,
+        "node",
+        &["kairos-guest/build.mjs", "app.js", "greeter_js.wasm", "wit"],
+        &[("NODE_PATH", node_path.display().to_string())],
+    );
+    runs_and_greets(&project.join("greeter_js.wasm")).await;
+
+    let (code, out, err) = kairos_command(&[
+        "plugins",
+        "new",
+        "greeter-py",
+        "--lang",
+        "python",
+        "--dir",
+        &dir,
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let project = parent.0.join("greeter-py");
+    let workspace = tool_ready("need_componentize_py");
+    let componentize = workspace.join("target/componentize-py-venv/bin/componentize-py");
+    run_tool(
+        &project,
+        &componentize.display().to_string(),
+        &[
+            "-q",
+            "-d",
+            "wit",
+            "-w",
+            "kairos:plugin/action",
+            "componentize",
+            "-p",
+            ".",
+            "app",
+            "-o",
+            "greeter_py.wasm",
+        ],
+        &[],
+    );
+    runs_and_greets(&project.join("greeter_py.wasm")).await;
 }

@@ -186,7 +186,7 @@ pub enum PluginsCommand {
     /// example action and its tests, the guest SDK and the WIT files it is built against.
     New {
         name: String,
-        /// The plugin's language (rust only, for now).
+        /// The plugin's language: rust, js or python.
         #[arg(long, default_value = "rust")]
         lang: String,
         /// Where to write NAME/ (default: here).
@@ -700,8 +700,13 @@ async fn plugins(api: &Api, command: PluginsCommand, output: Output) -> anyhow::
         } => run_plugin_file(file, input, allow, memory_mb, timeout, output).await?,
         PluginsCommand::New { name, lang, dir } => {
             let project = new_plugin::write_project(&name, std::path::Path::new(&dir), &lang)?;
+            let next = match lang.as_str() {
+                "rust" => "cargo test && cargo build --release --target wasm32-wasip2",
+                "python" => "python3 -m venv .venv && .venv/bin/pip install componentize-py==0.25.1 (then its README.md)",
+                _ => "npm install && npm run build",
+            };
             println!(
-                "wrote {0}/\nnext: cd {0} && cargo test && cargo build --release --target wasm32-wasip2 (see its README.md)",
+                "wrote {0}/\nnext: cd {0} && {next} (see its README.md)",
                 project.display()
             );
         }

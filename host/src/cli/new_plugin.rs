@@ -1,7 +1,7 @@
-//! `kairos plugins new NAME`: writes a Rust plugin project that builds as is. The guest
-//! SDK and the WIT files it is built against are compiled into this binary and copied
-//! into the project, so that it needs no kairos checkout and matches this host's
-//! interface exactly.
+//! `kairos plugins new NAME [--lang rust|js|python]`: writes a plugin project that builds
+//! as is. The guest SDK of its language and the WIT files it is built against are
+//! compiled into this binary and copied into the project, so that it needs no kairos
+//! checkout and matches this host's interface exactly.
 
 use std::path::{Path, PathBuf};
 
@@ -10,32 +10,8 @@ use anyhow::{bail, Context as _};
 /// A file of the project: its path under the project's directory and its text.
 type File = (&'static str, &'static str);
 
-/// The guest SDK and the WIT package, as this kairos was built with them.
-const SDK: &[File] = &[
-    (
-        "kairos-guest/Cargo.toml",
-        include_str!("../../../guest-sdk/Cargo.toml"),
-    ),
-    (
-        "kairos-guest/src/lib.rs",
-        include_str!("../../../guest-sdk/src/lib.rs"),
-    ),
-    (
-        "kairos-guest/src/http.rs",
-        include_str!("../../../guest-sdk/src/http.rs"),
-    ),
-    (
-        "kairos-guest/src/log.rs",
-        include_str!("../../../guest-sdk/src/log.rs"),
-    ),
-    (
-        "kairos-guest/src/schedule.rs",
-        include_str!("../../../guest-sdk/src/schedule.rs"),
-    ),
-    (
-        "kairos-guest/src/testing.rs",
-        include_str!("../../../guest-sdk/src/testing.rs"),
-    ),
+/// The WIT package, as this kairos was built with it.
+const WIT: &[File] = &[
     ("wit/plugin.wit", include_str!("../../../wit/plugin.wit")),
     (
         "wit/deps/cli/cli.wit",
@@ -67,17 +43,88 @@ const SDK: &[File] = &[
     ),
 ];
 
-/// The project's own files, with `{{name}}` and `{{crate}}` to fill in.
-const TEMPLATE: &[File] = &[
+/// The Rust guest SDK (its crate finds the WIT package at ../wit).
+const SDK_RUST: &[File] = &[
+    (
+        "kairos-guest/Cargo.toml",
+        include_str!("../../../guest-sdk/Cargo.toml"),
+    ),
+    (
+        "kairos-guest/src/lib.rs",
+        include_str!("../../../guest-sdk/src/lib.rs"),
+    ),
+    (
+        "kairos-guest/src/http.rs",
+        include_str!("../../../guest-sdk/src/http.rs"),
+    ),
+    (
+        "kairos-guest/src/log.rs",
+        include_str!("../../../guest-sdk/src/log.rs"),
+    ),
+    (
+        "kairos-guest/src/schedule.rs",
+        include_str!("../../../guest-sdk/src/schedule.rs"),
+    ),
+    (
+        "kairos-guest/src/testing.rs",
+        include_str!("../../../guest-sdk/src/testing.rs"),
+    ),
+    // The lock file of kairos's own plugins: the new project starts from the dependency
+    // versions they are tested with (cargo drops what it does not use and adds the
+    // project).
+    ("Cargo.lock", include_str!("../../../plugins/Cargo.lock")),
+];
+
+/// The JavaScript guest SDK and its build script.
+const SDK_JS: &[File] = &[
+    (
+        "kairos-guest/kairos.js",
+        include_str!("../../../guest-sdk/js/kairos.js"),
+    ),
+    (
+        "kairos-guest/build.mjs",
+        include_str!("../../../guest-sdk/js/build.mjs"),
+    ),
+];
+
+/// The Python guest SDK (a package next to the plugin's module).
+const SDK_PYTHON: &[File] = &[
+    (
+        "kairos_guest/__init__.py",
+        include_str!("../../../guest-sdk/python/kairos_guest/__init__.py"),
+    ),
+    (
+        "kairos_guest/http.py",
+        include_str!("../../../guest-sdk/python/kairos_guest/http.py"),
+    ),
+    (
+        "kairos_guest/log.py",
+        include_str!("../../../guest-sdk/python/kairos_guest/log.py"),
+    ),
+    (
+        "kairos_guest/schedule.py",
+        include_str!("../../../guest-sdk/python/kairos_guest/schedule.py"),
+    ),
+];
+
+/// Each language's own project files, with `{{name}}` and `{{crate}}` to fill in.
+const TEMPLATE_RUST: &[File] = &[
     ("Cargo.toml", include_str!("template/Cargo.toml.tmpl")),
     ("src/lib.rs", include_str!("template/lib.rs.tmpl")),
     ("README.md", include_str!("template/README.md.tmpl")),
     (".gitignore", "/target\n"),
 ];
-
-/// The lock file of kairos's own plugins: the new project starts from the dependency
-/// versions they are tested with (cargo drops what it does not use and adds the project).
-const LOCK: File = ("Cargo.lock", include_str!("../../../plugins/Cargo.lock"));
+const TEMPLATE_JS: &[File] = &[
+    ("app.js", include_str!("template/app.js.tmpl")),
+    ("package.json", include_str!("template/package.json.tmpl")),
+    ("README.md", include_str!("template/README.js.md.tmpl")),
+    (".gitignore", "/node_modules\n*.wasm\n"),
+];
+const TEMPLATE_PYTHON: &[File] = &[
+    ("app.py", include_str!("template/app.py.tmpl")),
+    ("README.md", include_str!("template/README.py.md.tmpl")),
+    (".gitignore", "/.venv\n__pycache__/\n*.wasm\n"),
+];
 
 /// Whether `name` can name a plugin and its crate: 1 to 64 of `a-z`, `0-9`, `-`,
 /// starting with a letter (a plugin name in the registry, and a valid package name).
@@ -92,9 +139,12 @@ fn valid_name(name: &str) -> bool {
 /// Writes the project `name` under `parent` (as `parent/name`), refusing a directory
 /// that is there already. Returns the project's directory.
 pub fn write_project(name: &str, parent: &Path, lang: &str) -> anyhow::Result<PathBuf> {
-    if lang != "rust" {
-        bail!("--lang {lang}: this kairos writes Rust projects only (JavaScript and Python plugins are not supported yet)");
-    }
+    let (sdk, template) = match lang {
+        "rust" => (SDK_RUST, TEMPLATE_RUST),
+        "js" | "javascript" => (SDK_JS, TEMPLATE_JS),
+        "python" => (SDK_PYTHON, TEMPLATE_PYTHON),
+        other => bail!("--lang {other}: choose rust, js or python"),
+    };
     if !valid_name(name) {
         bail!(
             "`{name}` cannot name a plugin: use 1 to 64 of a-z, 0-9 and -, starting with a letter"
@@ -108,10 +158,10 @@ pub fn write_project(name: &str, parent: &Path, lang: &str) -> anyhow::Result<Pa
         );
     }
     let crate_name = name.replace('-', "_");
-    for (path, text) in SDK.iter().chain([&LOCK]) {
+    for (path, text) in WIT.iter().chain(sdk) {
         write(&dir, path, text)?;
     }
-    for (path, text) in TEMPLATE {
+    for (path, text) in template {
         let text = text
             .replace("{{name}}", name)
             .replace("{{crate}}", &crate_name);
@@ -159,7 +209,17 @@ mod tests {
         // A second time it refuses to write over it.
         let again = write_project("uptime-check", &parent, "rust").unwrap_err();
         assert!(again.to_string().contains("there already"), "{again}");
-        assert!(write_project("x", &parent, "python").is_err());
+        assert!(write_project("x", &parent, "cobol").is_err());
+        // JavaScript and Python: the plugin, its SDK and the same WIT package.
+        let js = write_project("greeter-js", &parent, "js").unwrap();
+        let package = std::fs::read_to_string(js.join("package.json")).unwrap();
+        assert!(package.contains("greeter_js.wasm"), "{package}");
+        assert!(js.join("kairos-guest/kairos.js").is_file());
+        assert!(js.join("wit/plugin.wit").is_file());
+        let py = write_project("greeter-py", &parent, "python").unwrap();
+        assert!(py.join("kairos_guest/__init__.py").is_file());
+        let app = std::fs::read_to_string(py.join("app.py")).unwrap();
+        assert!(app.contains("`greeter-py`") && !app.contains("{{"), "{app}");
         std::fs::remove_dir_all(&parent).unwrap();
     }
 }
