@@ -164,6 +164,8 @@ async fn javascript_and_python_projects_build_and_run_as_is() {
     ]);
     assert_eq!(code, 0, "{out}{err}");
     let project = parent.0.join("greeter-py");
+    // Its own tests, natively with the SDK's test kit, as its README says.
+    run_tool(&project, "python3", &["-m", "unittest", "-q"], &[]);
     let workspace = tool_ready("need_componentize_py");
     let componentize = workspace.join("target/componentize-py-venv/bin/componentize-py");
     run_tool(

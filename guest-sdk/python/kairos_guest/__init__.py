@@ -32,6 +32,16 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
+# Outside a component (a test run in plain CPython) the modules componentize-py
+# generates do not exist: stand-ins take their place, answered by the test kit
+# (kairos_guest.testing).
+try:
+    import wit_world  # noqa: F401
+except ImportError:
+    from . import _native
+
+    _native.install()
+
 # Everything a run uses is imported here: componentize-py snapshots the modules
 # imported while it builds, and a run has no filesystem to import from.
 from componentize_py_types import Err

@@ -105,6 +105,14 @@ const SDK_PYTHON: &[File] = &[
         "kairos_guest/schedule.py",
         include_str!("../../../guest-sdk/python/kairos_guest/schedule.py"),
     ),
+    (
+        "kairos_guest/testing.py",
+        include_str!("../../../guest-sdk/python/kairos_guest/testing.py"),
+    ),
+    (
+        "kairos_guest/_native.py",
+        include_str!("../../../guest-sdk/python/kairos_guest/_native.py"),
+    ),
 ];
 
 /// Each language's own project files, with `{{name}}` and `{{crate}}` to fill in.
@@ -122,6 +130,7 @@ const TEMPLATE_JS: &[File] = &[
 ];
 const TEMPLATE_PYTHON: &[File] = &[
     ("app.py", include_str!("template/app.py.tmpl")),
+    ("test_app.py", include_str!("template/test_app.py.tmpl")),
     ("README.md", include_str!("template/README.py.md.tmpl")),
     (".gitignore", "/.venv\n__pycache__/\n*.wasm\n"),
 ];
