@@ -81,14 +81,27 @@ export const schedule = {
   },
 };
 
-/** Outbound HTTP through the sandbox: `fetch`, with the body read whole. A refused or
- * failed request throws a TypeError (fetch's way), which fails the run as retryable. */
+// The run under way: its idempotency key and how many requests took one so far.
+let runKey = null;
+const SAFE = ['GET', 'HEAD', 'OPTIONS', 'TRACE'];
+
+/** Outbound HTTP through the sandbox: `fetch`, with the body read whole. A request that
+ * may change something (any method but GET, HEAD, OPTIONS and TRACE) carries an
+ * `Idempotency-Key` unless given one: the run's `ctx.idempotencyKey` for the first such
+ * request of the run, then `{key}:2`, `{key}:3`, … (a retried run making the same
+ * requests sends the same keys; two requests of one run never share one). A request
+ * that gets no answer throws a retryable PluginError. */
 export const http = {
   async request(method, url, { headers = {}, json, body } = {}) {
     const init = { method, headers: { ...headers } };
+    const named = (name) => Object.keys(init.headers).some((h) => h.toLowerCase() === name);
+    if (runKey && !SAFE.includes(method.toUpperCase()) && !named('idempotency-key')) {
+      runKey.n += 1;
+      init.headers['idempotency-key'] = runKey.n === 1 ? runKey.key : `${runKey.key}:${runKey.n}`;
+    }
     if (json !== undefined) {
       init.body = JSON.stringify(json);
-      if (!Object.keys(init.headers).some((h) => h.toLowerCase() === 'content-type')) {
+      if (!named('content-type')) {
         init.headers['content-type'] = 'application/json';
       }
     } else if (body !== undefined) {
@@ -126,7 +139,7 @@ export function nowMs() {
  * input parsed from JSON, the output written as JSON, any other throw a fatal error.
  * `ctx` is `{lifeId, plan ('birth'|'death'), scheduledAtMs, attempt, resourceId,
  * pluginName, pluginVersion, idempotencyKey}`; `idempotencyKey` is the one a webhook
- * of the same Plan would send (`{lifeId}:{plan}`). */
+ * of the same Plan would send (`{lifeId}:{plan}`), which `http` sends by default. */
 export function exportAction(run) {
   return async function (ctx, input) {
     const context = Object.freeze({
@@ -146,11 +159,14 @@ export function exportAction(run) {
       throw PluginError.fatal(`the input is not JSON: ${e.message}`);
     }
     let output;
+    runKey = { key: context.idempotencyKey, n: 0 };
     try {
       output = await run(context, parsed);
     } catch (e) {
       if (e instanceof PluginError) throw e;
       throw PluginError.fatal(`${e && e.name ? e.name : 'Error'}: ${e && e.message ? e.message : e}`);
+    } finally {
+      runKey = null;
     }
     return JSON.stringify(output === undefined ? null : output);
   };

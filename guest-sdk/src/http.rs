@@ -12,6 +12,16 @@
 //!
 //! Every request passes the host's outbound policy and the plugin's `allowed_hosts`; a
 //! refused one fails with an [`HttpError`] whose [`HttpError::is_denied`] is true.
+//!
+//! A request that may change something (any method but GET, HEAD, OPTIONS and TRACE)
+//! carries an `Idempotency-Key` unless the plugin set one: the run's
+//! [`Context::idempotency_key`](crate::Context::idempotency_key) for the first such
+//! request of the run, then `{key}:2`, `{key}:3`, … for the next ones. A retried run
+//! that makes the same requests in the same order sends the same keys, so a target that
+//! de-duplicates on the header does each only once; two different requests of one run
+//! never share a key.
+
+use std::cell::RefCell;
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -24,6 +34,33 @@ use crate::bindings::wasi::http::{
 };
 #[cfg(target_family = "wasm")]
 use crate::bindings::wasi::io::streams::StreamError;
+
+thread_local! {
+    /// The run under way: its idempotency key and how many requests took one so far.
+    static RUN_KEY: RefCell<Option<(String, u32)>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` as a run whose requests derive their `Idempotency-Key` from `key`.
+pub(crate) fn with_run_key<T>(key: String, f: impl FnOnce() -> T) -> T {
+    RUN_KEY.with_borrow_mut(|k| *k = Some((key, 0)));
+    let out = f();
+    RUN_KEY.with_borrow_mut(|k| *k = None);
+    out
+}
+
+/// The next request's `Idempotency-Key` in the run under way (None outside a run).
+fn next_idempotency_key() -> Option<String> {
+    RUN_KEY.with_borrow_mut(|k| {
+        k.as_mut().map(|(base, n)| {
+            *n += 1;
+            if *n == 1 {
+                base.clone()
+            } else {
+                format!("{base}:{n}")
+            }
+        })
+    })
+}
 
 /// Largest chunk handed to the output stream in one write (wasi:io allows 4 KiB).
 #[cfg(target_family = "wasm")]
@@ -174,6 +211,15 @@ impl Request {
         );
         if !has_length && !(self.body.is_empty() && expects_no_body) {
             headers.push(("content-length".into(), self.body.len().to_string()));
+        }
+        let changes = !matches!(self.method.as_str(), "GET" | "HEAD" | "OPTIONS" | "TRACE");
+        let has_key = headers
+            .iter()
+            .any(|(k, _)| k.eq_ignore_ascii_case("idempotency-key"));
+        if changes && !has_key {
+            if let Some(key) = next_idempotency_key() {
+                headers.push(("idempotency-key".into(), key));
+            }
         }
         headers
     }

@@ -78,6 +78,20 @@ pub struct Context {
     pub plugin_version: u32,
 }
 
+impl Context {
+    /// The `Idempotency-Key` a webhook of the same Plan sends, `{life_id}:{plan}`
+    /// (`birth` or `death`): the same on every retry of the Plan. [`http`]'s requests
+    /// that may change something send it (or, after the run's first, `{key}:{n}`) unless
+    /// the plugin sets one.
+    pub fn idempotency_key(&self) -> String {
+        let plan = match self.plan {
+            PlanKind::Birth => "birth",
+            PlanKind::Death => "death",
+        };
+        format!("{}:{plan}", self.life_id)
+    }
+}
+
 impl From<wit::Context> for Context {
     fn from(c: wit::Context) -> Self {
         Context {
@@ -171,7 +185,8 @@ pub fn __dispatch<I: DeserializeOwned, O: Serialize>(
     let input: I = serde_json::from_str(input)
         .map_err(|e| Error::fatal(format!("the input does not fit this plugin: {e}")))
         .map_err(to_wit)?;
-    let output = run(ctx.into(), input).map_err(to_wit)?;
+    let ctx: Context = ctx.into();
+    let output = http::with_run_key(ctx.idempotency_key(), || run(ctx, input)).map_err(to_wit)?;
     serde_json::to_string(&output)
         .map_err(|e| Error::fatal(format!("the output cannot be written as JSON: {e}")))
         .map_err(to_wit)

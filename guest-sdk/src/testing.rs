@@ -90,7 +90,7 @@ pub fn call<I: DeserializeOwned, O: Serialize>(
 ) -> Result<String, Error> {
     let input: I = serde_json::from_str(input)
         .map_err(|e| Error::fatal(format!("the input does not fit this plugin: {e}")))?;
-    let output = run(ctx, input)?;
+    let output = crate::http::with_run_key(ctx.idempotency_key(), || run(ctx, input))?;
     serde_json::to_string(&output)
         .map_err(|e| Error::fatal(format!("the output cannot be written as JSON: {e}")))
 }
@@ -256,6 +256,35 @@ mod tests {
         }
         let id = schedule::book_point(crate::now_ms() + 60_000, serde_json::json!({"path": "/x"}))?;
         Ok(serde_json::json!({"status": r.status, "next": id}))
+    }
+
+    fn post_three(_ctx: Context, url: String) -> Result<u16, Error> {
+        http::get(&url)?;
+        http::post_json(&url, &serde_json::json!({"n": 1}))?;
+        http::Request::new("PUT", &url).header("Idempotency-Key", "mine").send()?;
+        Ok(http::Request::new("DELETE", &url).send()?.status)
+    }
+
+    #[test]
+    fn requests_that_change_something_carry_the_runs_idempotency_keys() {
+        let kit = Kit::new().on_http(|_| Ok(response(200, "")));
+        let ctx = Context { plan: crate::PlanKind::Death, ..context() };
+        call(post_three, ctx.clone(), r#""https://a.example/x""#).unwrap();
+        let keys: Vec<Option<String>> = kit
+            .requests()
+            .iter()
+            .map(|r| r.header("idempotency-key").map(str::to_string))
+            .collect();
+        // GET takes none; the first change takes the webhook's key, the next ones are
+        // numbered; a key the plugin set is kept and counts for nothing.
+        assert_eq!(
+            keys,
+            [None, Some("test-life:death".into()), Some("mine".into()), Some("test-life:death:2".into())]
+        );
+        assert_eq!(ctx.idempotency_key(), "test-life:death");
+        // A retried run sends the same keys again.
+        call(post_three, ctx, r#""https://a.example/x""#).unwrap();
+        assert_eq!(kit.requests()[5].header("idempotency-key"), Some("test-life:death"));
     }
 
     #[test]

@@ -13,11 +13,8 @@ export const run = exportAction(async (ctx, input) => {
     throw PluginError.fatal('input.url: a string is required');
   }
   const method = input.method ?? 'POST';
-  const headers = {
-    'x-kairos-life': ctx.lifeId,
-    'idempotency-key': ctx.idempotencyKey,
-    ...(input.headers ?? {}),
-  };
+  // The SDK adds the Plan's Idempotency-Key (ctx.idempotencyKey) itself.
+  const headers = { 'x-kairos-life': ctx.lifeId, ...(input.headers ?? {}) };
   const response = await http.request(method, input.url, { headers, json: input.body ?? null });
   log.info(`${method} ${input.url} -> ${response.status}`);
   if (response.ok) return { status: response.status };

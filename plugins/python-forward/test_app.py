@@ -3,7 +3,7 @@ directory, with guest-sdk/python on PYTHONPATH)."""
 
 import unittest
 
-from kairos_guest import testing
+from kairos_guest import PlanKind, testing
 from kairos_guest.http import HttpError
 
 import app
@@ -50,6 +50,31 @@ class ForwardTest(unittest.TestCase):
         self.assertFalse(failed.exception.retryable)
         self.assertIn("missing field `url`", failed.exception.message)
         self.assertEqual(kit.requests, [])
+
+
+
+def post_three(ctx, url):
+    """A run of the SDK's HTTP helpers: a read, two changes, one with its own key."""
+    from kairos_guest import http
+
+    http.get(url)
+    http.post_json(url, {"n": 1})
+    http.request("PUT", url, headers={"Idempotency-Key": "mine"})
+    return http.request("DELETE", url).status
+
+
+class IdempotencyKeyTest(unittest.TestCase):
+    def test_requests_that_change_something_carry_the_runs_keys(self):
+        ctx = testing.context(plan=PlanKind.DEATH)
+        self.assertEqual(ctx.idempotency_key, "test-life:death")
+        with testing.Kit().on_http(lambda r: testing.response(200)) as kit:
+            kit.call(post_three, "https://a.example/x", ctx)
+            kit.call(post_three, "https://a.example/x", ctx)
+        keys = [r.header("idempotency-key") for r in kit.requests]
+        # GET takes none; the first change the webhook's key, the next ones numbered; a
+        # key the plugin set is kept; a retried run sends the same keys.
+        self.assertEqual(keys[:4], [None, "test-life:death", "mine", "test-life:death:2"])
+        self.assertEqual(keys[4:], keys[:4])
 
 
 if __name__ == "__main__":

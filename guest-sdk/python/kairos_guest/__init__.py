@@ -86,6 +86,13 @@ class Context:
     plugin_name: str
     plugin_version: int
 
+    @property
+    def idempotency_key(self) -> str:
+        """The ``Idempotency-Key`` a webhook of the same Plan sends, ``{life_id}:{plan}``:
+        the same on every retry. :mod:`kairos_guest.http`'s requests that may change
+        something send it (after the run's first, ``{key}:{n}``) unless given one."""
+        return f"{self.life_id}:{self.plan.value}"
+
 
 class Error(Exception):
     """Why a run did not succeed.
@@ -195,6 +202,7 @@ def export_action(run: Callable[[Context, Any], Any]) -> type:
                 plugin_name=ctx.plugin_name,
                 plugin_version=ctx.plugin_version,
             )
+            http._run_key = [context.idempotency_key, 0]
             try:
                 output = run(context, _parse_input(input, annotation))
                 return _to_json(output)
@@ -206,6 +214,8 @@ def export_action(run: Callable[[Context, Any], Any]) -> type:
                 raise to_wit(Error.fatal(f"booking refused: {e.code}: {e.message}")) from None
             except Exception as e:  # a bug in the plugin: say where, fail for good
                 raise to_wit(Error.fatal(_describe(e))) from None
+            finally:
+                http._run_key = None
 
     return WitWorld
 

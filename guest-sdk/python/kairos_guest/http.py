@@ -9,6 +9,12 @@ Every request passes the host's outbound policy and the plugin's ``allowed_hosts
 refused one raises :class:`HttpError` with ``denied`` true (not retried when it
 escapes ``run``); a request that got no answer raises one with ``denied`` false
 (retried). An answer of any status is a :class:`Response`, not an error.
+
+A request that may change something (any method but GET, HEAD, OPTIONS and TRACE)
+carries an ``Idempotency-Key`` unless the plugin set one: the run's
+``ctx.idempotency_key`` for the first such request of the run, then ``{key}:2``,
+``{key}:3``, … A retried run that makes the same requests in the same order sends the
+same keys; two different requests of one run never share one.
 """
 
 from __future__ import annotations
@@ -29,6 +35,20 @@ _WRITE_CHUNK = 4096
 _READ_CHUNK = 64 * 1024
 # Methods that take no body: a request of these without one gets no content-length.
 _NO_BODY = ("GET", "HEAD", "DELETE", "OPTIONS", "TRACE")
+# Methods that change nothing: no Idempotency-Key of their own.
+_SAFE = ("GET", "HEAD", "OPTIONS", "TRACE")
+
+# The run under way: [its idempotency key, how many requests took one so far], set by
+# export_action around each run.
+_run_key: Optional[list] = None
+
+
+def _next_idempotency_key() -> Optional[str]:
+    if _run_key is None:
+        return None
+    _run_key[1] += 1
+    return _run_key[0] if _run_key[1] == 1 else f"{_run_key[0]}:{_run_key[1]}"
+
 
 Headers = Union[Mapping[str, str], Iterable[Tuple[str, str]]]
 
@@ -102,6 +122,10 @@ def request(
         data = body.encode() if isinstance(body, str) else bytes(body)
     if "content-length" not in names and not (not data and method in _NO_BODY):
         pairs.append(("content-length", str(len(data))))
+    if method not in _SAFE and "idempotency-key" not in names:
+        key = _next_idempotency_key()
+        if key is not None:
+            pairs.append(("idempotency-key", key))
     return _send(method, url, pairs, data)
 
 
