@@ -31,6 +31,17 @@ where
     }
 }
 
+/// A list's `?limit=`: 1 to 1000, 100 when not given.
+pub(crate) fn page_limit(limit: Option<u32>) -> Result<usize, ApiError> {
+    match limit.unwrap_or(100) {
+        n @ 1..=1000 => Ok(n as usize),
+        _ => Err(ApiError::bad_request(
+            "invalid_query",
+            "limit must be 1 to 1000",
+        )),
+    }
+}
+
 /// Reads a `true`/`false` flag (`1`/`0` too) of a query string.
 pub(crate) fn flag(name: &str, value: Option<&str>) -> Result<bool, ApiError> {
     match value {

@@ -134,7 +134,7 @@ pub(crate) async fn list_schedules(
     Query(query): Query<ListQuery>,
 ) -> Result<Json<Value>, ApiError> {
     let mut filter = ListFilter {
-        limit: 100,
+        limit: super::extractors::page_limit(query.limit)?,
         ..Default::default()
     };
     if let Some(state) = query.state {
@@ -152,15 +152,6 @@ pub(crate) async fn list_schedules(
     }
     if let Some(to) = &query.to {
         filter.to_ms = Some(parse_query_time("to", to, &app)?);
-    }
-    if let Some(limit) = query.limit {
-        if !(1..=1000).contains(&limit) {
-            return Err(ApiError::bad_request(
-                "invalid_query",
-                "limit must be 1 to 1000",
-            ));
-        }
-        filter.limit = limit as usize;
     }
     filter.cursor = query.cursor;
     let (items, next_cursor) = app.store.list(&filter).await?;

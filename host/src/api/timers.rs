@@ -510,18 +510,9 @@ pub(crate) async fn list_timers(
     State(app): State<Shared>,
     Query(query): Query<TimerListQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    let limit = query.limit.unwrap_or(100);
-    if !(1..=1000).contains(&limit) {
-        return Err(ApiError::bad_request(
-            "invalid_query",
-            "limit must be 1 to 1000",
-        ));
-    }
+    let limit = super::extractors::page_limit(query.limit)?;
     let now_ms = app.clock.now_ms();
-    let (timers, next_cursor) = app
-        .store
-        .timer_page(query.cursor.as_deref(), limit as usize)
-        .await?;
+    let (timers, next_cursor) = app.store.timer_page(query.cursor.as_deref(), limit).await?;
     let items: Vec<Value> = timers
         .into_iter()
         .map(|(name, hash, plan)| timer_json(&app, &name, &hash, &plan, now_ms, 0, None))
