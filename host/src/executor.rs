@@ -275,29 +275,17 @@ impl Engine {
                     let finished = finished.clone();
                     self.running.fetch_add(1, Ordering::AcqRel);
                     tokio::spawn(async move {
-                        if !engine.lease_intact(lease) {
-                            // Frozen or cut off from Redis past its lease between the
-                            // start and now: another host may run this Plan already. No
-                            // call; the Plan is left to whoever holds it (this host's
-                            // audit hands it back if nobody took it over).
-                            tracing::warn!(plan = %plan.plan_id, "this host's lease lapsed between the start of a run and its call; not calling");
-                            engine.metrics.fenced_runs.fetch_add(1, Ordering::Relaxed);
-                            drop(slot);
-                            engine.running.fetch_sub(1, Ordering::AcqRel);
-                            engine.forget(&plan);
-                            return;
-                        }
                         let fence = {
                             let engine = engine.clone();
                             Fence::new(move || engine.lease_intact(lease))
                         };
-                        let Some(run) = engine.run_one(plan, action, attempts, fence).await else {
-                            // Fenced just before a request went out: as above.
-                            drop(slot);
+                        let run = engine.run_one(plan, action, attempts, fence).await;
+                        drop(slot);
+                        let Some(run) = run else {
+                            // Fenced: nothing to record, the Plan is another host's.
                             engine.running.fetch_sub(1, Ordering::AcqRel);
                             return;
                         };
-                        drop(slot);
                         // The finisher outlives every run (it ends when the last sender
                         // drops), so this send only fails if the engine is gone.
                         let _ = finished.send(Finished { run });
@@ -341,6 +329,14 @@ impl Engine {
         attempts: u32,
         fence: Fence,
     ) -> Option<FinishedRun> {
+        if !fence.holds() {
+            // Frozen or cut off from Redis past its lease between the start and now:
+            // another host may run this Plan already.
+            return self.fenced(
+                &plan,
+                "between the start of a run and its call; not calling",
+            );
+        }
         let owner = plan.owner();
         // Timers and tasks name themselves in X-Kairos-Life / X-Kairos-Plan too, and add
         // their own headers. A timer's Idempotency-Key names the slot: each slot is a
@@ -448,12 +444,7 @@ impl Engine {
             }
         };
         if result.fenced {
-            // This host lost the Plan while it ran: whoever holds it now runs it, and
-            // the record is theirs to write.
-            tracing::warn!(plan = %plan.plan_id, "this host's lease lapsed during a run; a request was not sent and the run is not recorded");
-            self.metrics.fenced_runs.fetch_add(1, Ordering::Relaxed);
-            self.forget(&plan);
-            return None;
+            return self.fenced(&plan, "during a run; a request was not sent");
         }
         let finished_at_ms = self.clock.now_ms();
         let (outcome, word) = match owner {
@@ -536,6 +527,16 @@ impl Engine {
             record,
             callback: None,
         })
+    }
+
+    /// A run given up because this host's lease lapsed (`when`): not recorded; the Plan
+    /// is left to whoever holds its shard now (this host's audit hands it back if
+    /// nobody took it over).
+    fn fenced(&self, plan: &Claimed, when: &str) -> Option<FinishedRun> {
+        tracing::warn!(plan = %plan.plan_id, "this host's lease lapsed {when}; the run is not recorded");
+        self.metrics.fenced_runs.fetch_add(1, Ordering::Relaxed);
+        self.forget(plan);
+        None
     }
 
     /// A timer slot whose run could not start within its `starting_deadline` (or, for

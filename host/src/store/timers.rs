@@ -14,10 +14,10 @@ use crate::error::ApiError;
 /// Runs kept in a timer's runs list (skip records included).
 pub const TIMER_RUNS_KEPT: usize = 200;
 
-/// `schedule`, `timezone`, `version` and `dialect` of a timer hash.
 /// A timer as listed: its name, its hash and its Plan's hash.
 pub type TimerEntry = (String, HashMap<String, String>, HashMap<String, String>);
 
+/// `schedule`, `timezone`, `version` and `dialect` of a timer hash.
 type TimerFinishFields = (
     Option<String>,
     Option<String>,
