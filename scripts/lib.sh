@@ -157,6 +157,14 @@ need_componentize_py() {
     echo "cannot install componentize-py from PyPI: $install" >&2; return 1; }
 }
 
+# Whether the component $1 is up to date: it and its stamp $2 (the tool's pinned
+# version) exist, and no file under the other arguments is newer than it.
+component_fresh() {
+  local out=$1 stamp=$2
+  shift 2
+  [ -f "$out" ] && [ -f "$stamp" ] && [ -z "$(find "$@" -type f -newer "$out" -print -quit)" ]
+}
+
 # Builds each Python plugin, plugins/python-*/ (its module app.py, with the SDK in
 # guest-sdk/python), into target-plugins/python/{name with _}.wasm against wit/; a
 # component newer than its sources, the SDK, wit/ and the pinned version is kept.
@@ -167,10 +175,7 @@ build_python_plugins() {
     name=$(basename "$dir")
     out="target-plugins/python/${name//-/_}.wasm"
     stamp="$out.componentize-py-$COMPONENTIZE_PY_VERSION"
-    if [ -f "$out" ] && [ -f "$stamp" ] &&
-      [ -z "$(find "$dir" guest-sdk/python/kairos_guest wit -type f -newer "$out" -print -quit)" ]; then
-      continue
-    fi
+    component_fresh "$out" "$stamp" "$dir" guest-sdk/python/kairos_guest wit && continue
     echo "building $out (componentize-py)…" >&2
     rm -f "$out".componentize-py-*
     "$COMPONENTIZE_PY" -q -d wit -w kairos:plugin/action componentize \
@@ -223,10 +228,7 @@ build_js_plugins() {
     name=$(basename "$dir")
     out="target-plugins/js/${name//-/_}.wasm"
     stamp="$out.componentize-js-$COMPONENTIZE_JS_VERSION"
-    if [ -f "$out" ] && [ -f "$stamp" ] &&
-      [ -z "$(find "$dir" guest-sdk/js wit -type f -newer "$out" -print -quit)" ]; then
-      continue
-    fi
+    component_fresh "$out" "$stamp" "$dir" guest-sdk/js wit && continue
     echo "building $out (componentize-js)…" >&2
     rm -f "$out".componentize-js-*
     NODE_PATH="$JS_NODE_PATH" node guest-sdk/js/build.mjs "$dir/app.js" "$out.tmp" wit >&2 ||

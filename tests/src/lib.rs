@@ -615,18 +615,23 @@ fn language_plugin_wasm(
 /// Uploads a plugin component as `name` with the given query (`allowed_hosts=...&...`);
 /// the host must answer 201. Returns the registered version's description.
 pub async fn upload_plugin(api: &Api, name: &str, crate_name: &str, query: &str) -> Value {
+    upload_component(api, name, plugin_wasm(crate_name), query).await
+}
+
+/// Uploads the component `wasm` as `name` with the given query; the host must answer 201
+/// with its size. Returns the registered version's description.
+pub async fn upload_component(api: &Api, name: &str, wasm: Vec<u8>, query: &str) -> Value {
+    let size = wasm.len();
     let (status, reply) = api
         .raw(
             Method::PUT,
             &format!("/plugins/{name}?{query}"),
-            plugin_wasm(crate_name),
+            wasm,
             &[("content-type", "application/wasm")],
         )
         .await;
-    assert_eq!(
-        status, 201,
-        "upload of {crate_name} as {name} refused: {reply:#}"
-    );
+    assert_eq!(status, 201, "upload of {name} refused: {reply:#}");
+    assert_eq!(reply["size"], size, "{reply:#}");
     reply
 }
 

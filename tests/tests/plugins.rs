@@ -1437,46 +1437,43 @@ async fn a_plugin_uploaded_on_one_host_is_prepared_by_the_others() {
     }
 }
 
-/// A Python plugin (`plugins/python-forward`, built with componentize-py against
-/// `wit/` and the SDK in `guest-sdk/python`) uploaded, booked and fired like a Rust one.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for_good() {
-    let wasm = python_plugin_wasm("forward");
-    let (_redis, sink, _host, api) = start().await;
-    let (status, meta) = api
-        .raw(
-            Method::PUT,
-            &format!("/plugins/py-forward?{}&timeout=10s", allow_sink(&sink)),
-            wasm.clone(),
-            &[("content-type", "application/wasm")],
-        )
-        .await;
-    assert_eq!(status, 201, "upload refused: {meta:#}");
-    assert_eq!(meta["size"], wasm.len());
+/// The input of the forward plugins (python-forward, js-forward): a JSON body to the
+/// sink's `path`, with a header of its own.
+fn forward_input(sink: &Sink, path: &str) -> Value {
+    json!({
+        "url": format!("{}{path}", sink.base_url()),
+        "headers": {"x-custom": "yes"},
+        "body": {"order": 42, "note": "né"},
+    })
+}
 
+/// What the forward plugins share, checked once: `wasm` uploaded as `name`; the Life
+/// `ok`, booked with an input naming the sink, fires once with its output and log line;
+/// the one request the sink got has the method, path, query and headers asked for, the
+/// Idempotency-Key `key(birth ms)`, and the body sent whole with its length. `bad_input`
+/// is booked beside it without a url, for the caller to check.
+async fn forward_fires(
+    api: &Api,
+    sink: &Sink,
+    name: &str,
+    wasm: Vec<u8>,
+    ok: &str,
+    bad_input: &str,
+    key: impl Fn(i64) -> String,
+) {
+    upload_component(
+        api,
+        name,
+        wasm,
+        &format!("{}&timeout=10s", allow_sink(sink)),
+    )
+    .await;
     let at = now_ms() + 1_500;
-    let ok = "7f000000-0000-4000-8000-0000000000a1";
-    let bad_input = "7f000000-0000-4000-8000-0000000000a2";
-    let refused = "7f000000-0000-4000-8000-0000000000a3";
-    let input = |path: &str| {
-        json!({
-            "url": format!("{}{path}", sink.base_url()),
-            "headers": {"x-custom": "yes"},
-            "body": {"order": 42, "note": "né"},
-        })
-    };
-    book(
-        &api,
-        &plugin_point(ok, at, "py-forward", input("/forwarded?x=1")),
-    )
-    .await;
-    book(
-        &api,
-        &plugin_point(bad_input, at, "py-forward", json!({"body": {}})),
-    )
-    .await;
+    let input = forward_input(sink, "/forwarded?x=1");
+    book(api, &plugin_point(ok, at, name, input)).await;
+    book(api, &plugin_point(bad_input, at, name, json!({"body": {}}))).await;
 
-    let life = wait_finished(&api, ok).await;
+    let life = wait_finished(api, ok).await;
     assert_eq!(state(&life), "Dead", "{life:#}");
     let run = only_run(&life);
     assert_eq!(run["output"], json!({"status": 200}), "{run:#}");
@@ -1496,10 +1493,7 @@ async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for
     assert_eq!(call.query.as_deref(), Some("x=1"));
     assert_eq!(call.header("x-custom"), Some("yes"));
     assert_eq!(call.header("x-kairos-life"), Some(ok));
-    assert_eq!(
-        call.header("idempotency-key"),
-        Some(format!("{ok}:{at}").as_str())
-    );
+    assert_eq!(call.header("idempotency-key"), Some(key(at).as_str()));
     assert_eq!(call.header("content-type"), Some("application/json"));
     // Sent whole, with its length, as the Rust SDK and a webhook do.
     assert_eq!(
@@ -1510,6 +1504,22 @@ async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for
     let body: Value = serde_json::from_slice(&call.body).unwrap();
     assert_eq!(body, json!({"order": 42, "note": "né"}));
     assert!(call.at_ms >= at, "ran {} ms early", at - call.at_ms);
+}
+
+/// A Python plugin (`plugins/python-forward`, built with componentize-py against
+/// `wit/` and the SDK in `guest-sdk/python`) uploaded, booked and fired like a Rust one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for_good() {
+    let (_redis, sink, _host, api) = start().await;
+    let ok = "7f000000-0000-4000-8000-0000000000a1";
+    let bad_input = "7f000000-0000-4000-8000-0000000000a2";
+    let refused = "7f000000-0000-4000-8000-0000000000a3";
+    // python-forward sets its own key: the Life and the Plan's time.
+    let wasm = python_plugin_wasm("forward");
+    forward_fires(&api, &sink, "py-forward", wasm, ok, bad_input, |at| {
+        format!("{ok}:{at}")
+    })
+    .await;
 
     // An input the plugin's dataclass does not take fails at once, naming the field.
     let life = wait_finished(&api, bad_input).await;
@@ -1519,7 +1529,12 @@ async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for
 
     // A 404 is `Error.fatal`: one run, no retry, though the action allows three.
     sink.answer(&[404]);
-    let mut action = plugin_point(refused, now_ms() + 1_000, "py-forward", input("/gone"));
+    let mut action = plugin_point(
+        refused,
+        now_ms() + 1_000,
+        "py-forward",
+        forward_input(&sink, "/gone"),
+    );
     action["birth"]["retry_count"] = json!(3);
     action["birth"]["retry_interval"] = json!(1);
     book(&api, &action).await;
@@ -1536,75 +1551,15 @@ async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for
 /// allowed_hosts do not list refused, with the refusal in the run's logs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_javascript_plugin_forwards_retries_and_fails_bad_input_for_good() {
-    let wasm = js_plugin_wasm("forward");
     let (_redis, sink, _host, api) = start().await;
-    let (status, meta) = api
-        .raw(
-            Method::PUT,
-            &format!("/plugins/js-forward?{}&timeout=10s", allow_sink(&sink)),
-            wasm.clone(),
-            &[("content-type", "application/wasm")],
-        )
-        .await;
-    assert_eq!(status, 201, "upload refused: {meta:#}");
-    assert_eq!(meta["size"], wasm.len());
-
-    let at = now_ms() + 1_500;
     let ok = "7f000000-0000-4000-8000-0000000000b1";
     let bad_input = "7f000000-0000-4000-8000-0000000000b2";
-    let input = |path: &str| {
-        json!({
-            "url": format!("{}{path}", sink.base_url()),
-            "headers": {"x-custom": "yes"},
-            "body": {"order": 42, "note": "né"},
-        })
-    };
-    book(
-        &api,
-        &plugin_point(ok, at, "js-forward", input("/forwarded?x=1")),
-    )
+    // js-forward sets none: the SDK sends the key a webhook of the same Plan would.
+    let wasm = js_plugin_wasm("forward");
+    forward_fires(&api, &sink, "js-forward", wasm, ok, bad_input, |_| {
+        format!("{ok}:birth")
+    })
     .await;
-    book(
-        &api,
-        &plugin_point(bad_input, at, "js-forward", json!({"body": {}})),
-    )
-    .await;
-
-    let life = wait_finished(&api, ok).await;
-    assert_eq!(state(&life), "Dead", "{life:#}");
-    let run = only_run(&life);
-    assert_eq!(run["output"], json!({"status": 200}), "{run:#}");
-    let logs: Vec<String> = serde_json::from_value(run["logs"].clone()).unwrap();
-    assert!(
-        logs.iter()
-            .any(|l| l.contains("POST") && l.ends_with("-> 200")),
-        "{logs:?}"
-    );
-    let got = sink.received();
-    assert_eq!(got.len(), 1, "one outbound call");
-    let call = &got[0];
-    assert_eq!(
-        (
-            call.method.as_str(),
-            call.path.as_str(),
-            call.query.as_deref()
-        ),
-        ("POST", "/forwarded", Some("x=1"))
-    );
-    assert_eq!(call.header("x-custom"), Some("yes"));
-    assert_eq!(call.header("x-kairos-life"), Some(ok));
-    // The key a webhook of the same Plan would send.
-    assert_eq!(
-        call.header("idempotency-key"),
-        Some(format!("{ok}:birth").as_str())
-    );
-    assert_eq!(call.header("content-type"), Some("application/json"));
-    assert_eq!(
-        call.header("content-length"),
-        Some(call.body.len().to_string().as_str())
-    );
-    let body: Value = serde_json::from_slice(&call.body).unwrap();
-    assert_eq!(body, json!({"order": 42, "note": "né"}));
 
     let life = wait_finished(&api, bad_input).await;
     assert_eq!(state(&life), "Stillbirth", "{life:#}");
@@ -1614,7 +1569,12 @@ async fn a_javascript_plugin_forwards_retries_and_fails_bad_input_for_good() {
     // A 503 is a retryable PluginError: run again, and the second run succeeds.
     sink.answer(&[503]);
     let retried = "7f000000-0000-4000-8000-0000000000b3";
-    let mut action = plugin_point(retried, now_ms() + 1_000, "js-forward", input("/busy"));
+    let mut action = plugin_point(
+        retried,
+        now_ms() + 1_000,
+        "js-forward",
+        forward_input(&sink, "/busy"),
+    );
     action["birth"]["retry_count"] = json!(2);
     action["birth"]["retry_interval"] = json!(1);
     book(&api, &action).await;

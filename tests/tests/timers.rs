@@ -1195,22 +1195,10 @@ async fn timers_are_listed_in_pages_by_name() {
         assert_eq!(reply["error"]["code"], "invalid_query", "{reply}");
     }
     // `kairos timers` lists every page.
-    let out = std::process::Command::new(kairos_bin())
-        .args([
-            "--server",
-            &format!("http://{}", host.addr),
-            "timers",
-            "-o",
-            "json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let listed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let server = format!("http://{}", host.addr);
+    let (code, out, err) = kairos_command(&["--server", &server, "timers", "-o", "json"]);
+    assert_eq!(code, 0, "{err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
     let listed: Vec<&str> = listed["items"]
         .as_array()
         .unwrap()
