@@ -178,7 +178,7 @@ build_python_plugins() {
     component_fresh "$out" "$stamp" "$dir" guest-sdk/python/kairos_guest wit && continue
     echo "building $out (componentize-py)…" >&2
     rm -f "$out".componentize-py-*
-    "$COMPONENTIZE_PY" -q -d wit -w kairos:plugin/action componentize \
+    "$COMPONENTIZE_PY" -q -d wit -w kairos:plugin/action@0.2.0 componentize \
       -p "$dir" -p guest-sdk/python app -o "$out.tmp" >&2 || { rm -f "$out.tmp"; return 1; }
     mv "$out.tmp" "$out" && touch "$stamp"
   done

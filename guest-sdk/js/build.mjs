@@ -50,9 +50,15 @@ const bundle = await rolldown({
 });
 const { output } = await bundle.generate({ format: 'esm' });
 await bundle.close();
-const { component } = await componentize(output[0].code, {
+let code = output[0].code;
+// The world (kairos:plugin 0.2.0) exports `input-schema` too; a plugin that declares no
+// schema (`export const inputSchema = jsonSchema({...})`) takes any input.
+if (!output[0].exports.includes('inputSchema')) {
+  code += '\nexport function inputSchema() { return undefined; }\n';
+}
+const { component } = await componentize(code, {
   witPath,
-  worldName: 'action',
+  worldName: 'kairos:plugin/action@0.2.0',
   disableFeatures: ['fetch-event'],
 });
 await writeFile(out, component);

@@ -135,6 +135,18 @@ export function nowMs() {
   return Date.now();
 }
 
+/** The component's `inputSchema` export from a JSON Schema (an object): kairos asks for
+ * it at upload and refuses a booking whose `input` does not fit it (400 `invalid_input`,
+ * naming the JSON path), so such input never reaches `run`. In the plugin's module:
+ * `export const inputSchema = jsonSchema({type: 'object', required: ['url'], ...})`.
+ * A module that exports none takes any input (build.mjs adds the empty export). */
+export function jsonSchema(schema) {
+  const text = JSON.stringify(schema);
+  return function inputSchema() {
+    return text;
+  };
+}
+
 /** The component's `run` export from a plugin's `async (ctx, input) => output`: the
  * input parsed from JSON, the output written as JSON, any other throw a fatal error.
  * `ctx` is `{lifeId, plan ('birth'|'death'), scheduledAtMs, attempt, resourceId,

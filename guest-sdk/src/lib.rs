@@ -40,7 +40,7 @@ pub mod testing;
 pub mod bindings {
     wit_bindgen::generate!({
         path: "../wit",
-        world: "kairos:plugin/action",
+        world: "kairos:plugin/action@0.2.0",
         pub_export_macro: true,
         export_macro_name: "export_action_world",
         default_bindings_module: "kairos_guest::bindings",
@@ -48,7 +48,7 @@ pub mod bindings {
     });
 }
 
-use bindings::kairos::plugin::types as wit;
+use bindings::kairos::plugin0_1_0::types as wit;
 
 /// Which action of a Life is firing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,23 +201,51 @@ pub fn __assert_types<I: DeserializeOwned, O: Serialize>(
 
 /// Exports `run` (a `fn(Context, Input) -> Result<Output, Error>`, where `Input` is
 /// `Deserialize` and `Output` is `Serialize`) as the plugin's action.
+///
+/// - `export_action!(run)`: the plugin declares no input schema; kairos accepts any
+///   `input` at booking, and one that does not deserialize fails the run.
+/// - `export_action!(run, input_schema)`: `Input` also derives `schemars::JsonSchema`,
+///   and its schema (with serde's renames and defaults) is the plugin's input schema:
+///   kairos refuses a booking whose `input` does not fit it (400 `invalid_input`).
+/// - `export_action!(run, input_schema = TEXT)`: a JSON Schema written by hand.
 #[macro_export]
 macro_rules! export_action {
     ($run:path) => {
+        $crate::export_action!(@export $run, ::core::option::Option::None);
+    };
+    ($run:path, input_schema) => {
+        $crate::export_action!(@export $run, ::core::option::Option::Some($crate::__input_schema($run)));
+    };
+    ($run:path, input_schema = $schema:expr) => {
+        $crate::export_action!(@export $run, ::core::option::Option::Some(::std::string::String::from($schema)));
+    };
+    (@export $run:path, $schema:expr) => {
         struct __KairosAction;
 
         impl $crate::bindings::Guest for __KairosAction {
             fn run(
-                ctx: $crate::bindings::kairos::plugin::types::Context,
+                ctx: $crate::bindings::kairos::plugin0_1_0::types::Context,
                 input: ::std::string::String,
             ) -> ::core::result::Result<
                 ::std::string::String,
-                $crate::bindings::kairos::plugin::types::PluginError,
+                $crate::bindings::kairos::plugin0_1_0::types::PluginError,
             > {
                 $crate::__dispatch(ctx, &input, $crate::__assert_types($run))
+            }
+
+            fn input_schema() -> ::core::option::Option<::std::string::String> {
+                $schema
             }
         }
 
         $crate::bindings::export_action_world!(__KairosAction with_types_in $crate::bindings);
     };
+}
+
+/// The JSON Schema of `run`'s input type, as text; used by [`export_action!`].
+#[doc(hidden)]
+pub fn __input_schema<I: DeserializeOwned + schemars::JsonSchema, O: Serialize>(
+    _run: fn(Context, I) -> Result<O, Error>,
+) -> String {
+    serde_json::to_string(&schemars::schema_for!(I)).expect("a schema is JSON")
 }

@@ -3,12 +3,12 @@
 //! The host keeps the first 64 lines and 16 KiB of each run. Anything the plugin prints
 //! to standard output or error is kept too, as `stdout`/`stderr` lines.
 
-use crate::bindings::kairos::plugin::log::Level;
+use crate::bindings::kairos::plugin0_1_0::log::Level;
 
 /// To the host's `log` import; in a native test, to the test kit.
 fn log(level: Level, message: &str) {
     #[cfg(target_family = "wasm")]
-    crate::bindings::kairos::plugin::log::log(level, message);
+    crate::bindings::kairos::plugin0_1_0::log::log(level, message);
     #[cfg(not(target_family = "wasm"))]
     crate::testing::log(
         match level {

@@ -2,7 +2,7 @@
 
 use serde_json::{json, Value};
 
-use crate::bindings::kairos::plugin::schedule as wit;
+use crate::bindings::kairos::plugin0_1_0::schedule as wit;
 
 /// Why the host refused a booking: the REST API's error `code` and `message`.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -95,6 +95,14 @@ pub fn call<I: DeserializeOwned, O: Serialize>(
         .map_err(|e| Error::fatal(format!("the output cannot be written as JSON: {e}")))
 }
 
+/// The input schema `export_action!(run, input_schema)` declares for `run`, as JSON: the
+/// one kairos checks bookings against.
+pub fn input_schema<I: DeserializeOwned + schemars::JsonSchema, O: Serialize>(
+    run: fn(Context, I) -> Result<O, Error>,
+) -> Value {
+    serde_json::from_str(&crate::__input_schema(run)).expect("a schema is JSON")
+}
+
 type Handler = Box<dyn FnMut(&SentRequest) -> Result<Response, String>>;
 
 #[derive(Default)]
@@ -261,14 +269,19 @@ mod tests {
     fn post_three(_ctx: Context, url: String) -> Result<u16, Error> {
         http::get(&url)?;
         http::post_json(&url, &serde_json::json!({"n": 1}))?;
-        http::Request::new("PUT", &url).header("Idempotency-Key", "mine").send()?;
+        http::Request::new("PUT", &url)
+            .header("Idempotency-Key", "mine")
+            .send()?;
         Ok(http::Request::new("DELETE", &url).send()?.status)
     }
 
     #[test]
     fn requests_that_change_something_carry_the_runs_idempotency_keys() {
         let kit = Kit::new().on_http(|_| Ok(response(200, "")));
-        let ctx = Context { plan: crate::PlanKind::Death, ..context() };
+        let ctx = Context {
+            plan: crate::PlanKind::Death,
+            ..context()
+        };
         call(post_three, ctx.clone(), r#""https://a.example/x""#).unwrap();
         let keys: Vec<Option<String>> = kit
             .requests()
@@ -279,33 +292,53 @@ mod tests {
         // numbered; a key the plugin set is kept and counts for nothing.
         assert_eq!(
             keys,
-            [None, Some("test-life:death".into()), Some("mine".into()), Some("test-life:death:2".into())]
+            [
+                None,
+                Some("test-life:death".into()),
+                Some("mine".into()),
+                Some("test-life:death:2".into())
+            ]
         );
         assert_eq!(ctx.idempotency_key(), "test-life:death");
         // A retried run sends the same keys again.
         call(post_three, ctx, r#""https://a.example/x""#).unwrap();
-        assert_eq!(kit.requests()[5].header("idempotency-key"), Some("test-life:death"));
+        assert_eq!(
+            kit.requests()[5].header("idempotency-key"),
+            Some("test-life:death")
+        );
     }
 
     #[test]
     fn a_run_sends_logs_and_books_through_the_kit() {
-        let kit = Kit::new()
-            .now_ms(1_000)
-            .on_http(|r| Ok(response(if r.json()["attempt"] == 1 { 200 } else { 503 }, "")));
+        let kit = Kit::new().now_ms(1_000).on_http(|r| {
+            Ok(response(
+                if r.json()["attempt"] == 1 { 200 } else { 503 },
+                "",
+            ))
+        });
         let out = call(forward, context(), r#""https://a.example/hook""#).unwrap();
         assert_eq!(out, r#"{"next":"booked-1","status":200}"#);
         let sent = &kit.requests()[0];
-        assert_eq!((sent.method.as_str(), sent.url.as_str()), ("POST", "https://a.example/hook"));
+        assert_eq!(
+            (sent.method.as_str(), sent.url.as_str()),
+            ("POST", "https://a.example/hook")
+        );
         assert_eq!(sent.header("Idempotency-Key"), Some("test-life"));
         assert_eq!(sent.header("content-length"), Some("13"));
         assert_eq!(kit.logs(), ["info: run of test-life"]);
         assert_eq!(kit.bookings()[0]["birth_time"], "1970-01-01T00:01:01.000Z");
         // A retry the target refuses is a retryable error, as the host would record it.
-        let retry = Context { attempt: 2, ..context() };
+        let retry = Context {
+            attempt: 2,
+            ..context()
+        };
         let err = call(forward, retry, r#""https://a.example/hook""#).unwrap_err();
         assert!(err.retryable && err.message.contains("503"), "{err:?}");
         // Input that does not fit is refused before the run, as by the host.
-        assert!(call(forward, context(), "42").unwrap_err().message.contains("does not fit"));
+        assert!(call(forward, context(), "42")
+            .unwrap_err()
+            .message
+            .contains("does not fit"));
     }
 
     #[test]
@@ -316,7 +349,10 @@ mod tests {
         assert!(!err.is_denied());
         drop(kit);
         let refused = Kit::new().on_http(|_| Err("not allowed".into()));
-        assert!(http::get("https://b.example/").unwrap_err().to_string().contains("not allowed"));
+        assert!(http::get("https://b.example/")
+            .unwrap_err()
+            .to_string()
+            .contains("not allowed"));
         assert_eq!(refused.requests().len(), 1);
     }
 }

@@ -163,7 +163,7 @@ async fn run() {
     };
     for (name, file) in [("noop", "noop"), ("http-forward", "http_forward")] {
         registry
-            .put(name, &wasm(file), &limits, "", 0)
+            .put(name, &wasm(file), None, &limits, "", 0)
             .await
             .unwrap();
     }

@@ -148,6 +148,9 @@ fn mutated(base: Value) -> impl Strategy<Value = Value> {
         })
 }
 
+static KNOWN: std::sync::LazyLock<crate::bookings::request::KnownPlugins> =
+    std::sync::LazyLock::new(|| crate::bookings::request::KnownPlugins::named(["known"]));
+
 fn rules(now_ms: i64) -> Rules<'static> {
     Rules {
         timezone: chrono_tz::Europe::London,
@@ -155,7 +158,7 @@ fn rules(now_ms: i64) -> Rules<'static> {
         execution_guard_ms: 30_000,
         now_ms,
         gateway_configured: true,
-        plugin_exists: &|name| name == "known",
+        plugins: &KNOWN,
         policy: None,
         placement: crate::store::Placement { shards: 32 },
     }

@@ -4,9 +4,21 @@
 // Input: {"url": "https://...", "method"?: "POST", "headers"?: {"name": "value"},
 // "body": any}. Output: {"status": 200}. A 408, 429 or 5xx answer, or no answer, is a
 // retryable error (the action's retry_count decides how often); another non-2xx answer
-// fails the Plan.
+// fails the Plan. The input's JSON Schema is declared, so kairos refuses a booking
+// whose input does not fit (400 invalid_input) before it could reach run.
 
-import { PluginError, exportAction, http, log } from 'kairos-guest';
+import { PluginError, exportAction, http, jsonSchema, log } from 'kairos-guest';
+
+export const inputSchema = jsonSchema({
+  type: 'object',
+  required: ['url'],
+  properties: {
+    url: { type: 'string', description: 'Where to send the request.' },
+    method: { type: 'string', description: 'The HTTP method; POST when not given.' },
+    headers: { type: 'object', additionalProperties: { type: 'string' } },
+    body: { description: 'The JSON body.' },
+  },
+});
 
 export const run = exportAction(async (ctx, input) => {
   if (typeof input?.url !== 'string') {

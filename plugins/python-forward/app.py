@@ -4,13 +4,14 @@ twin of plugins/http-forward).
 Input: ``{"url": "https://...", "method"?: "POST", "headers"?: {"name": "value"},
 "body": any}``. Output: ``{"status": 200}``. A 408, 429 or 5xx answer, or no answer,
 is a retryable error (the action's ``retry_count`` decides how often); another non-2xx
-answer fails the Plan.
+answer fails the Plan. The input's JSON Schema comes from ``Input``, so kairos refuses
+a booking whose input does not fit (400 ``invalid_input``).
 """
 
 from dataclasses import dataclass, field
 from typing import Any, Dict
 
-from kairos_guest import Context, Error, export_action, http, log
+from kairos_guest import Context, Error, export_action, http, log, schema_of
 
 
 @dataclass
@@ -41,4 +42,4 @@ def run(ctx: Context, input: Input) -> Output:
     raise Error.fatal(f"{input.url} answered {response.status}")
 
 
-WitWorld = export_action(run)
+WitWorld = export_action(run, input_schema=schema_of(Input))

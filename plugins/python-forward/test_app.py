@@ -1,6 +1,7 @@
 """python-forward's run(), natively, with the test kit: python3 -m unittest (from this
 directory, with guest-sdk/python on PYTHONPATH)."""
 
+import json
 import unittest
 
 from kairos_guest import PlanKind, testing
@@ -23,6 +24,17 @@ class ForwardTest(unittest.TestCase):
         self.assertEqual(sent.header("x-kairos-life"), "test-life")
         self.assertEqual(sent.header("content-length"), "7")
         self.assertEqual(kit.logs, ["info: POST https://hooks.example.com/x -> 202"])
+
+    def test_the_input_schema_is_the_dataclass(self):
+        schema = json.loads(app.WitWorld().input_schema())
+        self.assertEqual(schema["required"], ["url"])
+        self.assertEqual(schema["properties"]["url"], {"type": "string"})
+        self.assertEqual(
+            schema["properties"]["headers"],
+            {"type": "object", "additionalProperties": {"type": "string"}},
+        )
+        self.assertEqual(schema["properties"]["body"], {})
+        self.assertFalse(schema["additionalProperties"])
 
     def test_a_5xx_or_no_answer_is_retried_and_a_4xx_is_not(self):
         with testing.Kit().on_http(lambda r: testing.response(503)) as kit:

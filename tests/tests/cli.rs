@@ -684,6 +684,21 @@ async fn plugins_run_runs_a_component_file_once_without_a_server() {
     .await;
     assert!(out.to_string().contains("no_scheduler"), "{out}");
 
+    // An input the plugin's declared schema refuses: exit 1, as a booking would be
+    // refused (400 invalid_input), and nothing runs.
+    let out = Command::new(kairos_bin())
+        .args(["plugins", "run", &file("http-forward"), "--input"])
+        .arg(r#"{"url": 5}"#)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--input at /url does not fit the input schema")
+            && err.contains("invalid_input"),
+        "{err}"
+    );
+
     // Not a component: exit 1 with the reason, no run.
     let not_wasm = dir.0.join("notes.txt");
     std::fs::write(&not_wasm, "hello").unwrap();

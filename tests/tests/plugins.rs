@@ -1450,8 +1450,9 @@ fn forward_input(sink: &Sink, path: &str) -> Value {
 /// What the forward plugins share, checked once: `wasm` uploaded as `name`; the Life
 /// `ok`, booked with an input naming the sink, fires once with its output and log line;
 /// the one request the sink got has the method, path, query and headers asked for, the
-/// Idempotency-Key `key(birth ms)`, and the body sent whole with its length. `bad_input`
-/// is booked beside it without a url, for the caller to check.
+/// Idempotency-Key `key(birth ms)`, and the body sent whole with its length. The
+/// plugin declares its input schema: `bad_input`, without a url, is refused at booking
+/// (400 `invalid_input`) and never stored.
 async fn forward_fires(
     api: &Api,
     sink: &Sink,
@@ -1471,7 +1472,23 @@ async fn forward_fires(
     let at = now_ms() + 1_500;
     let input = forward_input(sink, "/forwarded?x=1");
     book(api, &plugin_point(ok, at, name, input)).await;
-    book(api, &plugin_point(bad_input, at, name, json!({"body": {}}))).await;
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &plugin_point(bad_input, at, name, json!({"body": {}})),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply:#}");
+    assert_eq!(reply["error"]["code"], "invalid_input", "{reply:#}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"url\" is a required property"),
+        "{reply:#}"
+    );
+    let (status, _) = api.get(&format!("/schedules/{bad_input}")).await;
+    assert_eq!(status, 404, "a refused booking stores nothing");
 
     let life = wait_finished(api, ok).await;
     assert_eq!(state(&life), "Dead", "{life:#}");
@@ -1509,7 +1526,7 @@ async fn forward_fires(
 /// A Python plugin (`plugins/python-forward`, built with componentize-py against
 /// `wit/` and the SDK in `guest-sdk/python`) uploaded, booked and fired like a Rust one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for_good() {
+async fn a_python_plugin_forwards_its_input_refuses_unfit_input_and_fails_refusals_for_good() {
     let (_redis, sink, _host, api) = start().await;
     let ok = "7f000000-0000-4000-8000-0000000000a1";
     let bad_input = "7f000000-0000-4000-8000-0000000000a2";
@@ -1520,12 +1537,6 @@ async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for
         format!("{ok}:{at}")
     })
     .await;
-
-    // An input the plugin's dataclass does not take fails at once, naming the field.
-    let life = wait_finished(&api, bad_input).await;
-    assert_eq!(state(&life), "Stillbirth", "{life:#}");
-    let error = only_run(&life)["error"].as_str().unwrap().to_string();
-    assert!(error.contains("missing field `url`"), "{error}");
 
     // A 404 is `Error.fatal`: one run, no retry, though the action allows three.
     sink.answer(&[404]);
@@ -1546,11 +1557,11 @@ async fn a_python_plugin_forwards_its_input_and_fails_bad_input_and_refusals_for
 }
 
 /// A JavaScript plugin (plugins/js-forward, built with componentize-js) end to end: its
-/// request as the sink sees it, a bad input failed for good with the plugin's message,
+/// request as the sink sees it, an input its declared schema refuses at booking,
 /// a 503 retried (a retryable PluginError) until it succeeds, and a host its
 /// allowed_hosts do not list refused, with the refusal in the run's logs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_javascript_plugin_forwards_retries_and_fails_bad_input_for_good() {
+async fn a_javascript_plugin_forwards_retries_and_refuses_unfit_input_at_booking() {
     let (_redis, sink, _host, api) = start().await;
     let ok = "7f000000-0000-4000-8000-0000000000b1";
     let bad_input = "7f000000-0000-4000-8000-0000000000b2";
@@ -1560,11 +1571,6 @@ async fn a_javascript_plugin_forwards_retries_and_fails_bad_input_for_good() {
         format!("{ok}:birth")
     })
     .await;
-
-    let life = wait_finished(&api, bad_input).await;
-    assert_eq!(state(&life), "Stillbirth", "{life:#}");
-    let error = only_run(&life)["error"].as_str().unwrap().to_string();
-    assert!(error.contains("input.url: a string is required"), "{error}");
 
     // A 503 is a retryable PluginError: run again, and the second run succeeds.
     sink.answer(&[503]);
@@ -1603,5 +1609,162 @@ async fn a_javascript_plugin_forwards_retries_and_fails_bad_input_for_good() {
         logs.iter()
             .any(|l| l.contains("denied") && l.contains("not in this plugin's allowed_hosts")),
         "{run:#}"
+    );
+}
+
+/// A plugin that declares its input's JSON Schema (WIT 0.2 `input-schema`; http-forward
+/// derives it from its `Input` type) has every booking, timer, queue task and change
+/// checked against it: one that does not fit is a 400 `invalid_input` naming the JSON
+/// path, and nothing of it is stored. A schema that is not JSON Schema fails the upload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_that_does_not_fit_the_plugins_schema_is_refused_at_booking_and_stores_nothing() {
+    let (redis, sink, _host, api) = start().await;
+    let meta = upload_plugin(&api, "http-forward", "http-forward", &allow_sink(&sink)).await;
+    assert_eq!(meta["input_schema"]["required"], json!(["url"]), "{meta:#}");
+    let (_, shown) = api.get("/plugins/http-forward").await;
+    assert_eq!(
+        shown["input_schema"]["properties"]["url"]["type"], "string",
+        "{shown:#}"
+    );
+    let refused = |reply: &Value, needle: &str| {
+        assert_eq!(reply["error"]["code"], "invalid_input", "{reply:#}");
+        let message = reply["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{message}");
+        assert!(message.contains("`http-forward`"), "{message}");
+    };
+    let keys_before = redis.cli(&["dbsize"]);
+
+    let id = "7f000000-0000-4000-8000-000000000e01";
+    let at = now_ms() + 60_000;
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &plugin_point(id, at, "http-forward", json!({"body": {}})),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply:#}");
+    refused(&reply, "birth.input does not fit");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"url\" is a required property"),
+        "{reply:#}"
+    );
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &plugin_point(id, at, "http-forward", json!({"url": 5})),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply:#}");
+    refused(&reply, "birth.input at /url");
+    // A term's end action is checked as well, by its own name.
+    let good = json!({"plugin": "http-forward", "input": {"url": sink.base_url()}});
+    let unfit_death =
+        json!({"plugin": "http-forward", "input": {"url": sink.base_url(), "headers": {"x": 1}}});
+    let term = term(id, at, at + 600_000, good, unfit_death);
+    let (status, reply) = api.post("/schedules", &term).await;
+    assert_eq!(status, 400, "{reply:#}");
+    refused(&reply, "death.input at /headers/x");
+    let (status, _) = api.get(&format!("/schedules/{id}")).await;
+    assert_eq!(status, 404, "a refused booking stores nothing");
+
+    // Timers and queue tasks too.
+    let (status, reply) = api
+        .post(
+            "/timers",
+            &json!({"name": "unfit", "schedule": "*/5 * * * * *",
+                    "action": {"plugin": "http-forward", "input": {"url": []}}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply:#}");
+    refused(&reply, "at /url");
+    let (status, _) = api.get("/timers/unfit").await;
+    assert_eq!(status, 404);
+    let (status, reply) = api
+        .post(
+            "/queues/default/tasks",
+            &json!({"name": "unfit-1",
+                    "action": {"plugin": "http-forward", "input": {"method": "POST"}}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply:#}");
+    refused(&reply, "is a required property");
+    let (status, _) = api.get("/queues/default/tasks/unfit-1").await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        redis.cli(&["dbsize"]),
+        keys_before,
+        "a refused input wrote a key"
+    );
+
+    // A fitting booking is taken; a change that breaks its input is refused and the
+    // Life stays as it was.
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &plugin_point(id, at, "http-forward", json!({"url": sink.base_url()})),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply:#}");
+    let (status, reply) = api
+        .patch(
+            &format!("/schedules/{id}"),
+            &json!({"birth": {"plugin": "http-forward", "input": {"url": false}}}),
+        )
+        .await;
+    assert_eq!(status, 400, "{reply:#}");
+    refused(&reply, "birth.input at /url");
+    let (_, life) = api.get(&format!("/schedules/{id}")).await;
+    assert_eq!(
+        life["plans"][0]["action"]["input"],
+        json!({"url": sink.base_url()}),
+        "{life:#}"
+    );
+
+    // A declared schema that is not JSON Schema: the upload is refused, nothing stored.
+    let (status, reply) = api
+        .raw(
+            Method::PUT,
+            "/plugins/bad-schema",
+            plugin_wasm("bad-schema"),
+            &[("content-type", "application/wasm")],
+        )
+        .await;
+    assert_eq!(status, 400, "{reply:#}");
+    assert_eq!(reply["error"]["code"], "invalid_plugin");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("input-schema is not a usable JSON Schema"),
+        "{reply:#}"
+    );
+    let (status, _) = api.get("/plugins/bad-schema").await;
+    assert_eq!(status, 404);
+}
+
+/// A component built for version 0.1.0 of the WIT package (no `input-schema` export,
+/// `plugins/testing/legacy-v01`, made with wit-bindgen directly) still uploads, takes any
+/// input, and runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_component_built_for_wit_0_1_still_uploads_and_runs() {
+    let (_redis, _sink, _host, api) = start().await;
+    let meta = upload_plugin(&api, "legacy", "legacy-v01", "").await;
+    assert!(meta.get("input_schema").is_none(), "{meta:#}");
+    let id = "7f000000-0000-4000-8000-000000000e11";
+    let input = json!({"anything": [1, "two"]});
+    book(
+        &api,
+        &plugin_point(id, now_ms() + 1_000, "legacy", input.clone()),
+    )
+    .await;
+    let life = wait_finished(&api, id).await;
+    assert_eq!(state(&life), "Dead", "{life:#}");
+    assert_eq!(
+        only_run(&life)["output"],
+        json!({ "v01": input }),
+        "{life:#}"
     );
 }

@@ -42,7 +42,7 @@ async fn a_new_project_builds_tests_and_runs_as_is() {
 
     // Its own native tests (the SDK's test kit), then the component.
     let tested = cargo(&project, &["test", "--offline"]);
-    assert!(tested.contains("2 passed"), "{tested}");
+    assert!(tested.contains("3 passed"), "{tested}");
     cargo(
         &project,
         &[
@@ -148,6 +148,8 @@ async fn javascript_and_python_projects_build_and_run_as_is() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("npm run build"), "{out}");
     let project = parent.0.join("greeter-js");
+    // Its own tests, natively with the SDK's test kit, as its README says (`npm test`).
+    run_tool(&project, "node", &["--test"], &[]);
     let workspace = tool_ready("need_componentize_js");
     // `npm run build` with the tools scripts/test installed, not a download.
     let node_path = workspace.join("target/componentize-js/node_modules");
@@ -182,7 +184,7 @@ async fn javascript_and_python_projects_build_and_run_as_is() {
             "-d",
             "wit",
             "-w",
-            "kairos:plugin/action",
+            "kairos:plugin/action@0.2.0",
             "componentize",
             "-p",
             ".",

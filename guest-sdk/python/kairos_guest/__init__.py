@@ -14,7 +14,10 @@ returns something JSON can write (or raises :class:`Error`); one line exports it
         response = http.get(input.url)
         return {"status": response.status}
 
-    WitWorld = export_action(run)
+    WitWorld = export_action(run, input_schema=schema_of(Input))
+
+``input_schema`` (optional) declares the input's JSON Schema: kairos then refuses a
+booking whose input does not fit (400 ``invalid_input``) before it could reach ``run``.
 
 Build it into a component with ``componentize-py`` against the ``kairos:plugin/action``
 world in kairos's ``wit/`` (see this directory's README). What a plugin can reach is
@@ -28,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import types
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -55,6 +59,7 @@ __all__ = [
     "Error",
     "PlanKind",
     "export_action",
+    "schema_of",
     "http",
     "log",
     "now_ms",
@@ -172,7 +177,50 @@ def _to_json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
-def export_action(run: Callable[[Context, Any], Any]) -> type:
+def schema_of(cls: type) -> dict:
+    """The JSON Schema of a dataclass input as :func:`export_action` reads it: its
+    fields (``str``, ``int``, ``float``, ``bool``, ``None``, ``Any``, ``Optional``/unions,
+    ``List[...]``, ``Dict[str, ...]``, ``Literal[...]`` and nested dataclasses), those
+    without a default required, no others allowed."""
+    return _schema(cls)
+
+
+def _schema(tp: Any) -> dict:
+    if tp is Any or tp is object:
+        return {}
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        hints = typing.get_type_hints(tp)
+        fields = [f for f in dataclasses.fields(tp) if f.init]
+        return {
+            "type": "object",
+            "properties": {f.name: _schema(hints[f.name]) for f in fields},
+            "required": [
+                f.name
+                for f in fields
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+            ],
+            "additionalProperties": False,
+        }
+    simple = {str: "string", bool: "boolean", int: "integer", float: "number", type(None): "null"}
+    if tp in simple:
+        return {"type": simple[tp]}
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin is typing.Union or origin is types.UnionType:
+        return {"anyOf": [_schema(a) for a in args]}
+    if origin is typing.Literal:
+        return {"enum": list(args)}
+    if tp is list or origin is list:
+        return {"type": "array", "items": _schema(args[0])} if args else {"type": "array"}
+    if tp is dict or origin is dict:
+        if len(args) == 2:
+            return {"type": "object", "additionalProperties": _schema(args[1])}
+        return {"type": "object"}
+    return {}
+
+
+def export_action(
+    run: Callable[[Context, Any], Any], input_schema: dict | str | None = None
+) -> type:
     """Makes ``run(ctx, input)`` the plugin's action.
 
     Assign the result to ``WitWorld`` in the module you hand to ``componentize-py``.
@@ -180,7 +228,16 @@ def export_action(run: Callable[[Context, Any], Any]) -> type:
     parameter is annotated with a dataclass, that dataclass (a missing or unknown field
     fails the run with a fatal error naming it). What ``run`` returns (a dataclass, or
     anything ``json.dumps`` takes) is recorded as the run's output.
+
+    ``input_schema``, a JSON Schema (a dict, or its JSON text; :func:`schema_of` makes
+    one from a dataclass), is what kairos checks every booking's input against: one
+    that does not fit is refused at booking (400 ``invalid_input``). None: any input.
     """
+    schema_text = (
+        input_schema
+        if input_schema is None or isinstance(input_schema, str)
+        else json.dumps(input_schema, separators=(",", ":"))
+    )
     try:
         hints = typing.get_type_hints(run)
     except Exception:  # annotations that do not resolve: take plain JSON
@@ -216,6 +273,9 @@ def export_action(run: Callable[[Context, Any], Any]) -> type:
                 raise to_wit(Error.fatal(_describe(e))) from None
             finally:
                 http._run_key = None
+
+        def input_schema(self) -> Optional[str]:
+            return schema_text
 
     return WitWorld
 

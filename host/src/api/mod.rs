@@ -76,13 +76,14 @@ impl App {
             .map(|s| vec![s.to_string()])
             .unwrap_or_default();
         let known = self.bookings.plugins.registered(specs).await?;
-        let registered = |spec: &str| known.contains(spec);
-        booking::parse_action(which, value, &self.bookings.rules(now_ms, &registered))
+        booking::parse_action(which, value, &self.bookings.rules(now_ms, &known))
     }
 
     /// Rules for bookings that name no plugin (`/defer`).
     pub(crate) fn rules(&self, now_ms: i64) -> Rules<'_> {
-        self.bookings.rules(now_ms, &|_| false)
+        static NONE: std::sync::LazyLock<booking::KnownPlugins> =
+            std::sync::LazyLock::new(booking::KnownPlugins::default);
+        self.bookings.rules(now_ms, &NONE)
     }
 
     fn delay_guard_ms(&self) -> i64 {

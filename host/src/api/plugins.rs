@@ -128,7 +128,7 @@ fn upload_limits_over(
     request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A WebAssembly component (any content type is read as bytes) built for wasm32-wasip2 against the kairos:plugin/action world."),
     responses(
         (status = 201, description = "Stored as a new version.", body = PluginMeta),
-        (status = 400, description = "A bad name or query, or bytes that are not a component of the world (`invalid_plugin`).", body = ErrorBody),
+        (status = 400, description = "A bad name or query, or bytes that are not a component of the world, or whose declared input schema is not JSON Schema (`invalid_plugin`).", body = ErrorBody),
     )
 )]
 async fn upload_plugin(
@@ -166,7 +166,7 @@ async fn upload_plugin(
     }
     let compiled = app
         .plugins
-        .check(body.to_vec())
+        .check(body.to_vec(), limits.memory_mb, limits.timeout_ms)
         .await
         .map_err(|why| ApiError::bad_request("invalid_plugin", why))?;
     let now_ms = app.clock.now_ms();
@@ -174,7 +174,14 @@ async fn upload_plugin(
     let meta = app
         .plugins
         .registry()
-        .put(&name, &body, &limits, &uploaded_at, now_ms)
+        .put(
+            &name,
+            &body,
+            compiled.input_schema.as_deref(),
+            &limits,
+            &uploaded_at,
+            now_ms,
+        )
         .await?;
     // Compiled already: kept, so that the first firing here runs at once.
     app.plugins.keep_compiled(&meta.digest, compiled).await;

@@ -213,8 +213,7 @@ pub(crate) async fn patch_schedule(
         let now_ms = app.clock.now_ms();
         let request: BookingRequest = booking::parse_request(&body)?;
         let known = app.bookings.registered_plugins(&request).await?;
-        let exists = |spec: &str| known.contains(spec);
-        let merged = request.merge_into(&current, &app.bookings.rules(now_ms, &exists))?;
+        let merged = request.merge_into(&current, &app.bookings.rules(now_ms, &known))?;
         if state
             .parse::<crate::model::LifeState>()
             .map(|s| s.is_finished())

@@ -1,7 +1,6 @@
 //! Booking as a service: what `POST /schedules`, `/defer` and a plugin's follow-up
 //! bookings share (validation in the spec's order, the plugin registry check, the store).
 
-use std::collections::HashSet;
 use std::sync::Arc;
 
 pub mod idempotency;
@@ -14,7 +13,7 @@ use crate::model::NewLife;
 use crate::outbound::OutboundPolicy;
 use crate::plugins::Registry;
 use crate::store::{CancelOutcome, IdemBooked, Store};
-use request::{self as booking, BookingRequest, Rules};
+use request::{self as booking, BookingRequest, KnownPlugins, Rules};
 
 /// What a booking call stored.
 #[derive(Debug)]
@@ -36,26 +35,28 @@ pub struct Bookings {
 }
 
 impl Bookings {
-    /// The validation rules at `now_ms`; `plugin_exists` answers for plugin names.
-    pub fn rules<'a>(&'a self, now_ms: i64, plugin_exists: &'a dyn Fn(&str) -> bool) -> Rules<'a> {
+    /// The validation rules at `now_ms`; `plugins` are the registered plugins the
+    /// request names (see [`Bookings::registered_plugins`]).
+    pub fn rules<'a>(&'a self, now_ms: i64, plugins: &'a KnownPlugins) -> Rules<'a> {
         Rules {
             timezone: self.config.timezone,
             minimum_life_term_ms: self.config.minimum_life_term.as_millis() as i64,
             execution_guard_ms: self.config.execution_guard_time.as_millis() as i64,
             now_ms,
             gateway_configured: self.config.gateway_url.is_some(),
-            plugin_exists,
+            plugins,
             policy: Some(&self.policy),
             placement: self.store.placement(),
         }
     }
 
-    /// The plugin specs of `request` that are registered, looked up before validation
-    /// so that an unknown plugin is a 400 in the table's order.
+    /// The plugin specs of `request` that are registered, with their input schemas,
+    /// looked up before validation so that an unknown plugin or an input that does not
+    /// fit is a 400 in the table's order.
     pub async fn registered_plugins(
         &self,
         request: &BookingRequest,
-    ) -> Result<HashSet<String>, ApiError> {
+    ) -> Result<KnownPlugins, ApiError> {
         self.plugins.registered(request.plugin_specs()).await
     }
 
@@ -104,8 +105,7 @@ impl Bookings {
         let request = booking::parse_request(body)?;
         let known = self.registered_plugins(&request).await?;
         let now_ms = self.clock.now_ms();
-        let exists = |spec: &str| known.contains(spec);
-        let (life, debounce) = request.into_booking(&self.rules(now_ms, &exists), key)?;
+        let (life, debounce) = request.into_booking(&self.rules(now_ms, &known), key)?;
         match debounce {
             None => {
                 self.store_keyed(&life, now_ms, key).await?;
@@ -152,8 +152,7 @@ impl Bookings {
             return Ok(None);
         };
         let now_ms = self.clock.now_ms();
-        let exists = |spec: &str| known.contains(spec);
-        let Ok((life, None)) = request.into_booking(&self.rules(now_ms, &exists), Some(key)) else {
+        let Ok((life, None)) = request.into_booking(&self.rules(now_ms, &known), Some(key)) else {
             return Ok(None);
         };
         let view = crate::store::booked_view(&life, self.config.timezone);

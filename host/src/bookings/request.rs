@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::model::{Action, Callbacks, NewLife, PluginAction, ScheduleType, WebhookAction};
+pub use crate::plugins::registry::KnownPlugins;
 
 /// What validation needs from the host's configuration and the moment.
 pub struct Rules<'a> {
@@ -24,8 +25,9 @@ pub struct Rules<'a> {
     pub execution_guard_ms: i64,
     pub now_ms: i64,
     pub gateway_configured: bool,
-    /// Whether a plugin name (`name` or `name@version`) is registered.
-    pub plugin_exists: &'a dyn Fn(&str) -> bool,
+    /// The registered plugins the request names (`name` or `name@version`), with their
+    /// input schemas.
+    pub plugins: &'a KnownPlugins,
     /// The outbound policy, for URLs whose host is a literal address it refuses (None:
     /// not checked here).
     pub policy: Option<&'a crate::outbound::OutboundPolicy>,
@@ -354,15 +356,22 @@ pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action,
                 format!("{which}: a plugin action takes plugin, input, timeout, retry_count and retry_interval, not webhook fields"),
             ));
         }
-        if !(rules.plugin_exists)(&plugin) {
+        if !rules.plugins.contains(&plugin) {
             return Err(bad(
                 "unknown_plugin",
                 format!("{which}: no plugin `{plugin}` is registered (see GET /plugins)"),
             ));
         }
+        let input = raw.input.unwrap_or(Value::Null);
+        if let Err(v) = rules.plugins.check_input(&plugin, &input) {
+            return Err(bad(
+                "invalid_input",
+                v.sentence(&format!("{which}.input"), &plugin),
+            ));
+        }
         return Ok(Action::Plugin(PluginAction {
             plugin,
-            input: raw.input.unwrap_or(Value::Null),
+            input,
             timeout_ms: opt_seconds(&format!("{which}.timeout"), &raw.timeout)?,
             retry_count,
             retry_interval_ms,
@@ -916,6 +925,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    static KNOWN: std::sync::LazyLock<KnownPlugins> =
+        std::sync::LazyLock::new(|| KnownPlugins::named(["known"]));
+
     fn rules(now_ms: i64) -> Rules<'static> {
         Rules {
             timezone: chrono_tz::Asia::Tokyo,
@@ -923,7 +935,7 @@ mod tests {
             execution_guard_ms: 30_000,
             now_ms,
             gateway_configured: true,
-            plugin_exists: &|name| name == "known",
+            plugins: &KNOWN,
             policy: None,
             placement: crate::store::Placement { shards: 32 },
         }

@@ -14,6 +14,10 @@ type File = (&'static str, &'static str);
 const WIT: &[File] = &[
     ("wit/plugin.wit", include_str!("../../../wit/plugin.wit")),
     (
+        "wit/deps/kairos-plugin-0.1/plugin.wit",
+        include_str!("../../../wit/deps/kairos-plugin-0.1/plugin.wit"),
+    ),
+    (
         "wit/deps/cli/cli.wit",
         include_str!("../../../wit/deps/cli/cli.wit"),
     ),
@@ -85,6 +89,18 @@ const SDK_JS: &[File] = &[
         "kairos-guest/build.mjs",
         include_str!("../../../guest-sdk/js/build.mjs"),
     ),
+    (
+        "kairos-guest/testing.mjs",
+        include_str!("../../../guest-sdk/js/testing.mjs"),
+    ),
+    (
+        "kairos-guest/native/hooks.mjs",
+        include_str!("../../../guest-sdk/js/native/hooks.mjs"),
+    ),
+    (
+        "kairos-guest/native/wit.mjs",
+        include_str!("../../../guest-sdk/js/native/wit.mjs"),
+    ),
 ];
 
 /// The Python guest SDK (a package next to the plugin's module).
@@ -124,6 +140,7 @@ const TEMPLATE_RUST: &[File] = &[
 ];
 const TEMPLATE_JS: &[File] = &[
     ("app.js", include_str!("template/app.js.tmpl")),
+    ("app.test.mjs", include_str!("template/app.test.mjs.tmpl")),
     ("package.json", include_str!("template/package.json.tmpl")),
     ("README.md", include_str!("template/README.js.md.tmpl")),
     (".gitignore", "/node_modules\n*.wasm\n"),

@@ -80,6 +80,7 @@ pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
         timeout_ms: run.timeout.as_millis().max(1) as u64,
         uploaded_at: String::new(),
         uploaded_at_ms: 0,
+        input_schema: None,
     };
     let now_ms = chrono::Utc::now().timestamp_millis();
     let ctx = InvokeContext {
@@ -96,6 +97,21 @@ pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
         false => (runtime.prepare(run.bytes).await?, false),
     };
     let compile = began.elapsed();
+    // An input a booking would be refused for (400 invalid_input) is refused here too.
+    let schema = runtime
+        .input_schema(&pre, run.memory_mb, meta.timeout_ms)
+        .await?;
+    if let Some(text) = schema {
+        let validator = crate::plugins::registry::compile_input_schema(&text)?;
+        let input: serde_json::Value =
+            serde_json::from_str(&run.input).map_err(|e| format!("--input is not JSON: {e}"))?;
+        crate::plugins::registry::check_input(&validator, &input).map_err(|v| {
+            format!(
+                "{}; kairos refuses such a booking (400 invalid_input), so nothing ran",
+                v.sentence("--input", &run.name)
+            )
+        })?;
+    }
     let began = Instant::now();
     let invocation = runtime.run_traced(&pre, &meta, &ctx, &run.input).await;
     Ok(LocalOutcome {

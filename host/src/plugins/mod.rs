@@ -8,7 +8,8 @@
 //! Their routes (`PUT|GET|DELETE /plugins/...`) are in `api/plugins.rs`.
 //!
 //! The contract with plugin authors is the WIT package in `wit/` (world
-//! `kairos:plugin/action`); `guest-sdk/` wraps it for Rust.
+//! `kairos:plugin/action`, 0.2.0, and 0.1.0 before it); `guest-sdk/` wraps it for
+//! Rust, JavaScript and Python.
 
 pub mod local;
 pub mod registry;
@@ -18,12 +19,15 @@ pub mod sandbox;
 pub use registry::{PluginMeta, Registry};
 pub use runtime::{Failure, Invocation, InvokeContext, PluginRuntime, RuntimeSettings};
 
-/// Host bindings generated from `wit/plugin.wit`. The WASI and wasi-http interfaces
-/// are the ones wasmtime-wasi and wasmtime-wasi-http implement.
+/// Host bindings generated from the WIT package's world at 0.1.0
+/// (`wit/deps/kairos-plugin-0.1`), whose imports 0.2.0 shares: `ActionPre` checks the
+/// `run` export both versions have, and the runtime asks for 0.2.0's `input-schema` by
+/// name where a component has it. The WASI and wasi-http interfaces are the ones
+/// wasmtime-wasi and wasmtime-wasi-http implement.
 pub mod bindings {
     wasmtime::component::bindgen!({
         path: "../wit",
-        world: "kairos:plugin/action",
+        world: "kairos:plugin/action@0.1.0",
         imports: {
             "kairos:plugin/schedule": async,
         },

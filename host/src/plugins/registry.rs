@@ -3,7 +3,8 @@
 //! Keys (under `{prefix}:{plugins}:`, one Redis Cluster slot, see docs/redis-layout.md):
 //! - `plugins`: set of registered names;
 //! - `plugin:{name}`: hash of the latest version (`version`, `digest`, `size`,
-//!   `allowed_hosts`, `memory_mb`, `timeout_ms`, `uploaded_at`, `uploaded_at_ms`);
+//!   `allowed_hosts`, `memory_mb`, `timeout_ms`, `uploaded_at`, `uploaded_at_ms`, and
+//!   `input_schema` when the component declares one);
 //! - `plugin:{name}:v{n}`: the same hash for every version, never changed once written;
 //! - `wasm:{sha256}`: the component's bytes, shared by every version with that digest;
 //! - `wasm-refs`: hash of digest → number of versions that use it;
@@ -17,9 +18,11 @@
 //! the next firing on every host without a restart.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use redis::{AsyncCommands, Script};
-use serde::Serialize;
+use serde::{Serialize, Serializer};
+use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
@@ -39,6 +42,22 @@ pub struct PluginMeta {
     pub timeout_ms: u64,
     pub uploaded_at: String,
     pub uploaded_at_ms: i64,
+    /// The JSON Schema the component declares for its input (WIT 0.2 `input-schema`),
+    /// which bookings are checked against; absent when it declares none.
+    #[serde(
+        skip_serializing_if = "Option::is_none",
+        serialize_with = "schema_as_json"
+    )]
+    #[schema(value_type = Option<Object>)]
+    pub input_schema: Option<String>,
+}
+
+/// Writes a stored schema text as the JSON it is.
+fn schema_as_json<S: Serializer>(schema: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
+    let value = schema
+        .as_deref()
+        .and_then(|text| serde_json::from_str::<Value>(text).ok());
+    value.serialize(s)
 }
 
 impl PluginMeta {
@@ -59,9 +78,87 @@ impl PluginMeta {
             timeout_ms: get("timeout_ms")?.parse().ok()?,
             uploaded_at: get("uploaded_at").unwrap_or_default(),
             uploaded_at_ms: get("uploaded_at_ms")?.parse().ok()?,
+            input_schema: get("input_schema"),
         })
     }
 }
+
+/// A compiled input schema.
+pub type InputValidator = Arc<jsonschema::Validator>;
+
+/// Compiles an input schema given as JSON text; the error is a sentence for the uploader.
+pub fn compile_input_schema(text: &str) -> Result<InputValidator, String> {
+    let schema: Value =
+        serde_json::from_str(text).map_err(|e| format!("its input-schema is not JSON: {e}"))?;
+    jsonschema::validator_for(&schema)
+        .map(Arc::new)
+        .map_err(|e| format!("its input-schema is not a usable JSON Schema: {e}"))
+}
+
+/// The plugins a request names that are registered (`name` or `name@version`), each with
+/// its input schema when it declares one: what booking validation checks actions
+/// against.
+#[derive(Clone, Default)]
+pub struct KnownPlugins(HashMap<String, Option<InputValidator>>);
+
+/// Where an input breaks its plugin's schema: the JSON pointer into the input (empty: the
+/// input itself) and what is wrong there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InputViolation {
+    pub path: String,
+    pub message: String,
+}
+
+impl KnownPlugins {
+    /// Registered plugins that declare no input schema (tests and the parser fuzz).
+    pub fn named<'a>(specs: impl IntoIterator<Item = &'a str>) -> Self {
+        KnownPlugins(specs.into_iter().map(|s| (s.to_string(), None)).collect())
+    }
+
+    pub fn contains(&self, spec: &str) -> bool {
+        self.0.contains_key(spec)
+    }
+
+    /// Checks `input` against the schema of `spec`, if it declares one; the first
+    /// violation otherwise.
+    pub fn check_input(&self, spec: &str, input: &Value) -> Result<(), InputViolation> {
+        match self.0.get(spec) {
+            Some(Some(validator)) => check_input(validator, input),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// Checks `input` against a compiled input schema: the first violation, if any.
+pub fn check_input(validator: &jsonschema::Validator, input: &Value) -> Result<(), InputViolation> {
+    match validator.iter_errors(input).next() {
+        None => Ok(()),
+        Some(e) => Err(InputViolation {
+            path: e.instance_path().to_string(),
+            message: crate::plugins::runtime::prefix(&e.to_string(), 300).to_string(),
+        }),
+    }
+}
+
+impl InputViolation {
+    /// The refusal's sentence: `{what} at {path} does not fit the input schema of plugin
+    /// `{plugin}`: {message}`, where `what` names the input (`birth.input`).
+    pub fn sentence(&self, what: &str, plugin: &str) -> String {
+        let at = if self.path.is_empty() {
+            String::new()
+        } else {
+            format!(" at {}", self.path)
+        };
+        format!(
+            "{what}{at} does not fit the input schema of plugin `{plugin}`: {}",
+            self.message
+        )
+    }
+}
+
+/// Compiled input schemas by plugin digest: a component's schema never changes, so each
+/// is compiled once per host. Emptied when it holds more than this many.
+const MAX_CACHED_VALIDATORS: usize = 256;
 
 /// The limits given with an upload.
 #[derive(Debug, Clone, PartialEq)]
@@ -123,7 +220,7 @@ pub fn digest_of(bytes: &[u8]) -> String {
 const PUT_SCRIPT: &str = r#"
 -- KEYS: 1 plugins set, 2 latest hash, 3 wasm-refs, 4 wasm:{digest}; ARGV: 1 prefix,
 -- 2 name, 3 digest, 4 size, 5 allowed_hosts, 6 memory_mb, 7 timeout_ms, 8 uploaded_at,
--- 9 uploaded_at_ms, 10 the component's bytes.
+-- 9 uploaded_at_ms, 10 the component's bytes, 11 its input schema ('' when none).
 -- The bytes are stored here, with the reference that keeps them: written apart, a DELETE
 -- of the digest's last other user could run in between and remove them.
 redis.call('SET', KEYS[4], ARGV[10], 'NX')
@@ -137,6 +234,12 @@ end
 local fields = {'name', ARGV[2], 'version', version, 'digest', ARGV[3], 'size', ARGV[4],
   'allowed_hosts', ARGV[5], 'memory_mb', ARGV[6], 'timeout_ms', ARGV[7],
   'uploaded_at', ARGV[8], 'uploaded_at_ms', ARGV[9]}
+if ARGV[11] ~= '' then
+  fields[#fields + 1] = 'input_schema'
+  fields[#fields + 1] = ARGV[11]
+end
+-- The latest hash is replaced whole: a new version without a schema keeps none.
+redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], unpack(fields))
 redis.call('HSET', ARGV[1] .. 'plugin:' .. ARGV[2] .. ':v' .. version, unpack(fields))
 redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
@@ -176,6 +279,7 @@ pub struct Registry {
     prefix: String,
     put: std::sync::Arc<Script>,
     delete: std::sync::Arc<Script>,
+    validators: Arc<Mutex<HashMap<String, InputValidator>>>,
 }
 
 impl Registry {
@@ -185,6 +289,7 @@ impl Registry {
             prefix,
             put: std::sync::Arc::new(Script::new(PUT_SCRIPT)),
             delete: std::sync::Arc::new(Script::new(DELETE_SCRIPT)),
+            validators: Arc::default(),
         }
     }
 
@@ -200,11 +305,13 @@ impl Registry {
         self.key(&format!("plugin:{name}:v{version}"))
     }
 
-    /// Stores a new version of `name`; the bytes have been checked by the runtime.
+    /// Stores a new version of `name`; the bytes and the input schema have been checked
+    /// by the runtime.
     pub async fn put(
         &self,
         name: &str,
         bytes: &[u8],
+        input_schema: Option<&str>,
         limits: &UploadLimits,
         uploaded_at: &str,
         uploaded_at_ms: i64,
@@ -228,6 +335,7 @@ impl Registry {
             .arg(uploaded_at)
             .arg(uploaded_at_ms)
             .arg(bytes)
+            .arg(input_schema.unwrap_or(""))
             .invoke_async(&mut conn)
             .await?;
         Ok(PluginMeta {
@@ -240,6 +348,7 @@ impl Registry {
             timeout_ms: limits.timeout_ms,
             uploaded_at: uploaded_at.to_string(),
             uploaded_at_ms,
+            input_schema: input_schema.map(String::from),
         })
     }
 
@@ -259,34 +368,52 @@ impl Registry {
         Ok(PluginMeta::from_hash(&hash))
     }
 
-    /// The `specs` that are registered, in one round trip.
-    pub async fn registered(
-        &self,
-        specs: Vec<String>,
-    ) -> Result<std::collections::HashSet<String>, ApiError> {
-        let exists = self.existing(&specs).await?;
-        Ok(specs
-            .into_iter()
-            .zip(exists)
-            .filter_map(|(spec, yes)| yes.then_some(spec))
-            .collect())
-    }
-
-    /// Which of `specs` are registered, in one round trip.
-    async fn existing(&self, specs: &[String]) -> Result<Vec<bool>, ApiError> {
+    /// The `specs` that are registered, with their input schemas, in one round trip.
+    pub async fn registered(&self, specs: Vec<String>) -> Result<KnownPlugins, ApiError> {
         if specs.is_empty() {
-            return Ok(Vec::new());
+            return Ok(KnownPlugins::default());
         }
         let mut pipe = redis::pipe();
-        for spec in specs {
-            match split_spec(spec) {
-                Ok((name, None)) => pipe.exists(self.latest_key(name)),
-                Ok((name, Some(v))) => pipe.exists(self.version_key(name, v)),
-                Err(_) => pipe.exists(self.key("plugin-spec-that-cannot-exist:")),
+        for spec in &specs {
+            let key = match split_spec(spec) {
+                Ok((name, None)) => self.latest_key(name),
+                Ok((name, Some(v))) => self.version_key(name, v),
+                Err(_) => self.key("plugin-spec-that-cannot-exist:"),
             };
+            pipe.cmd("HMGET").arg(key).arg("digest").arg("input_schema");
         }
         let mut conn = self.conn.clone();
-        Ok(pipe.query_async(&mut conn).await?)
+        let found: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
+        let mut known = KnownPlugins::default();
+        for (spec, (digest, schema)) in specs.into_iter().zip(found) {
+            let Some(digest) = digest else { continue };
+            let validator = schema.and_then(|text| self.validator(&digest, &text));
+            known.0.insert(spec, validator);
+        }
+        Ok(known)
+    }
+
+    /// The compiled input schema of the component `digest`, compiled at its first use
+    /// here. One that does not compile (checked at upload, so only a hand-edited registry)
+    /// checks nothing, with a warning.
+    fn validator(&self, digest: &str, text: &str) -> Option<InputValidator> {
+        if let Some(v) = self.validators.lock().expect("validators").get(digest) {
+            return Some(v.clone());
+        }
+        match compile_input_schema(text) {
+            Ok(v) => {
+                let mut cache = self.validators.lock().expect("validators");
+                if cache.len() >= MAX_CACHED_VALIDATORS {
+                    cache.clear();
+                }
+                cache.insert(digest.to_string(), v.clone());
+                Some(v)
+            }
+            Err(why) => {
+                tracing::warn!(%digest, "a registered plugin's input schema is ignored: {why}");
+                None
+            }
+        }
     }
 
     /// The component bytes of a digest.

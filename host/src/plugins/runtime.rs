@@ -24,7 +24,7 @@ use tokio::sync::{OnceCell, Semaphore};
 use wasmtime::component::{Component, HasSelf, Linker, WasmStr};
 use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConfig, Store};
 
-use super::bindings::kairos::plugin::types as wit;
+use super::bindings::kairos::plugin0_1_0::types as wit;
 use super::bindings::ActionPre;
 use super::registry::{PluginMeta, Registry};
 use super::sandbox::{LogSink, Outbound, PluginClient, Sandbox, MAX_LOG_BYTES};
@@ -333,7 +333,7 @@ impl PluginRuntime {
         link(wasmtime_wasi_http::p2::add_only_http_to_linker_async(
             &mut linker,
         ))?;
-        use super::bindings::kairos::plugin::{log, schedule};
+        use super::bindings::kairos::plugin0_1_0::{log, schedule};
         link(wit::add_to_linker::<_, HasSelf<Sandbox>>(
             &mut linker,
             |s| s,
@@ -441,12 +441,23 @@ impl PluginRuntime {
     }
 
     /// Compiles and links `bytes` the way a firing would, so that an upload that could
-    /// never run is refused at once. Returns the error as a sentence, or the compiled
-    /// component for [`keep_compiled`](PluginRuntime::keep_compiled).
-    pub async fn check(&self, bytes: Vec<u8>) -> Result<Compiled, String> {
+    /// never run is refused at once, and asks the component for its input schema with
+    /// the upload's limits. Returns the error as a sentence, or the compiled component
+    /// for [`keep_compiled`](PluginRuntime::keep_compiled).
+    pub async fn check(
+        &self,
+        bytes: Vec<u8>,
+        memory_mb: u32,
+        timeout_ms: u64,
+    ) -> Result<Compiled, String> {
         let component = self.compile(bytes, None).await?;
         let pre = self.prelink(&component)?;
-        Ok(Compiled { component, pre })
+        let input_schema = self.input_schema(&pre, memory_mb, timeout_ms).await?;
+        Ok(Compiled {
+            component,
+            pre,
+            input_schema,
+        })
     }
 
     /// Keeps an upload's compiled component under its digest, in memory and in the disk
@@ -672,6 +683,94 @@ impl PluginRuntime {
         input: &str,
         trace: bool,
     ) -> Invocation {
+        let wit_ctx = wit::Context {
+            life_id: ctx.life_id.clone(),
+            plan: match ctx.plan {
+                PlanKind::Birth => wit::PlanKind::Birth,
+                PlanKind::Death => wit::PlanKind::Death,
+            },
+            scheduled_at_ms: ctx.scheduled_at_ms,
+            attempt: ctx.attempt,
+            resource_id: ctx.resource_id.clone(),
+            plugin_name: meta.name.clone(),
+            plugin_version: meta.version,
+        };
+        let (result, mut logs, fenced) = self
+            .call_export(pre, meta, &ctx.fence, trace, Export::Run(wit_ctx, input))
+            .await;
+        let result = match result {
+            Ok(Answer::Run(Ok(output))) => Ok(output),
+            Ok(Answer::Run(Err((message, retryable)))) => {
+                Err(Failure::Plugin { message, retryable })
+            }
+            Ok(Answer::InputSchema(_)) => unreachable!("a run answers as a run"),
+            Err(failure) => Err(failure),
+        };
+        let result = result.map_err(|failure| explain(failure, &mut logs));
+        Invocation {
+            result,
+            logs,
+            fenced,
+        }
+    }
+
+    /// The input schema a prepared component declares (its WIT 0.2 `input-schema`
+    /// export; None for a 0.1 component or one that declares none), asked in the
+    /// sandbox with the upload's memory and time limits, and checked as JSON Schema.
+    /// The error is a sentence for the uploader.
+    pub async fn input_schema(
+        &self,
+        pre: &ActionPre<Sandbox>,
+        memory_mb: u32,
+        timeout_ms: u64,
+    ) -> Result<Option<String>, String> {
+        let meta = PluginMeta {
+            name: "upload".into(),
+            version: 0,
+            digest: String::new(),
+            size: 0,
+            allowed_hosts: Vec::new(),
+            memory_mb,
+            timeout_ms,
+            uploaded_at: String::new(),
+            uploaded_at_ms: 0,
+            input_schema: None,
+        };
+        let (result, mut logs, _) = self
+            .call_export(pre, &meta, &Fence::default(), false, Export::InputSchema)
+            .await;
+        let schema = match result {
+            Ok(Answer::InputSchema(schema)) => schema,
+            Ok(Answer::Run(_)) => unreachable!("input-schema answers as input-schema"),
+            Err(failure) => {
+                return Err(format!(
+                    "its input-schema export failed: {}",
+                    explain(failure, &mut logs).message("upload")
+                ))
+            }
+        };
+        let Some(text) = schema else { return Ok(None) };
+        if text.len() > MAX_INPUT_SCHEMA_BYTES {
+            return Err(format!(
+                "its input-schema is {} bytes, more than the {MAX_INPUT_SCHEMA_BYTES} allowed",
+                text.len()
+            ));
+        }
+        super::registry::compile_input_schema(&text)?;
+        Ok(Some(text))
+    }
+
+    /// Calls one export of `pre` in a fresh sandboxed store with `meta`'s limits; the
+    /// answer (or why there is none), the run's logs, and whether its fence stopped a
+    /// request.
+    async fn call_export(
+        &self,
+        pre: &ActionPre<Sandbox>,
+        meta: &PluginMeta,
+        fence: &Fence,
+        trace: bool,
+        export: Export<'_>,
+    ) -> (Result<Answer, Failure>, Vec<String>, bool) {
         let _slot = self.slots.acquire().await.expect("slots never close");
         let logs = LogSink::default();
         let outbound = Outbound {
@@ -684,7 +783,7 @@ impl PluginRuntime {
             logs: logs.clone(),
             in_flight: Outbound::in_flight_places(),
             trace,
-            fence: ctx.fence.clone(),
+            fence: fence.clone(),
             fenced: Arc::new(AtomicBool::new(false)),
         };
         let fenced = outbound.fenced.clone();
@@ -700,18 +799,6 @@ impl PluginRuntime {
         store.set_hostcall_fuel(HOSTCALL_FUEL);
         store.set_epoch_deadline(1);
         store.epoch_deadline_async_yield_and_update(1);
-        let wit_ctx = wit::Context {
-            life_id: ctx.life_id.clone(),
-            plan: match ctx.plan {
-                PlanKind::Birth => wit::PlanKind::Birth,
-                PlanKind::Death => wit::PlanKind::Death,
-            },
-            scheduled_at_ms: ctx.scheduled_at_ms,
-            attempt: ctx.attempt,
-            resource_id: ctx.resource_id.clone(),
-            plugin_name: meta.name.clone(),
-            plugin_version: meta.version,
-        };
         // The output and the error message go into the Plan's history (and so Redis),
         // at most MAX_OUTPUT_BYTES of each. They are copied out whole (at most wasmtime's
         // 16 MiB a value): wasmtime calls the guest's post-return, which frees them,
@@ -719,35 +806,45 @@ impl PluginRuntime {
         // memory (componentize-py components reuse it at once: invalid UTF-8).
         let call = async {
             let instance = pre.instance_pre().instantiate_async(&mut store).await?;
-            let run = instance
-                .get_typed_func::<(wit::Context, &str), (Result<String, RunError>,)>(
-                    &mut store, "run",
-                )?;
-            let (answer,) = run.call_async(&mut store, (wit_ctx, input)).await?;
-            let kept = match answer {
-                Ok(output) => Ok(prefix(&output, MAX_OUTPUT_BYTES).to_string()),
-                Err(e) => Err((
-                    prefix(&e.message, MAX_OUTPUT_BYTES).to_string(),
-                    e.retryable,
-                )),
-            };
-            Ok::<_, wasmtime::Error>(kept)
+            match export {
+                Export::Run(wit_ctx, input) => {
+                    let run = instance
+                        .get_typed_func::<(wit::Context, &str), (Result<String, RunError>,)>(
+                            &mut store, "run",
+                        )?;
+                    let (answer,): (Result<String, RunError>,) =
+                        run.call_async(&mut store, (wit_ctx, input)).await?;
+                    Ok::<_, wasmtime::Error>(Answer::Run(match answer {
+                        Ok(output) => Ok(prefix(&output, MAX_OUTPUT_BYTES).to_string()),
+                        Err(e) => Err((
+                            prefix(&e.message, MAX_OUTPUT_BYTES).to_string(),
+                            e.retryable,
+                        )),
+                    }))
+                }
+                Export::InputSchema => {
+                    // A component built for WIT 0.1 has no such export.
+                    if instance
+                        .get_export_index(&mut store, None, "input-schema")
+                        .is_none()
+                    {
+                        return Ok(Answer::InputSchema(None));
+                    }
+                    let schema = instance
+                        .get_typed_func::<(), (Option<String>,)>(&mut store, "input-schema")?;
+                    let (text,) = schema.call_async(&mut store, ()).await?;
+                    Ok(Answer::InputSchema(text))
+                }
+            }
         };
         let result = match tokio::time::timeout(Duration::from_millis(meta.timeout_ms), call).await
         {
             Err(_) => Err(Failure::Timeout(meta.timeout_ms)),
             Ok(Err(trap)) => Err(Failure::Trap(root(&trap))),
-            Ok(Ok(Err((message, retryable)))) => Err(Failure::Plugin { message, retryable }),
-            Ok(Ok(Ok(output))) => Ok(output),
+            Ok(Ok(answer)) => Ok(answer),
         };
         drop(store);
-        let mut logs = logs.take();
-        let result = result.map_err(|failure| explain(failure, &mut logs));
-        Invocation {
-            result,
-            logs,
-            fenced: fenced.load(Ordering::Acquire),
-        }
+        (result, logs.take(), fenced.load(Ordering::Acquire))
     }
 
     /// Loads a plugin for the benchmark, which then calls `invoke_loaded` directly.
@@ -763,10 +860,28 @@ impl PluginRuntime {
     }
 }
 
+/// Which export [`PluginRuntime::call_export`] calls.
+enum Export<'a> {
+    Run(wit::Context, &'a str),
+    InputSchema,
+}
+
+/// What an export answered: `run`'s output or error (message, retryable), or the
+/// input schema.
+enum Answer {
+    Run(Result<String, (String, bool)>),
+    InputSchema(Option<String>),
+}
+
+/// The largest input schema an upload may declare.
+const MAX_INPUT_SCHEMA_BYTES: usize = 64 * 1024;
+
 /// A component compiled and linked by [`PluginRuntime::check`].
 pub struct Compiled {
     component: Component,
     pre: ActionPre<Sandbox>,
+    /// The JSON Schema text the component declares for its input, checked.
+    pub input_schema: Option<String>,
 }
 
 /// Writes a component's compiled artifact to the disk cache at `path`, followed by its
@@ -803,8 +918,8 @@ struct RunError {
     retryable: bool,
 }
 
-fn level_name(level: super::bindings::kairos::plugin::log::Level) -> &'static str {
-    use super::bindings::kairos::plugin::log::Level;
+fn level_name(level: super::bindings::kairos::plugin0_1_0::log::Level) -> &'static str {
+    use super::bindings::kairos::plugin0_1_0::log::Level;
     match level {
         Level::Trace => "trace",
         Level::Debug => "debug",

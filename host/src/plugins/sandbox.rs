@@ -22,7 +22,7 @@ use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpHooks, WasiHttpView};
 
-use super::bindings::kairos::plugin::{schedule, types};
+use super::bindings::kairos::plugin0_1_0::{schedule, types};
 use crate::actions::Fence;
 use crate::bookings::Bookings;
 use crate::config::AllowedHost;

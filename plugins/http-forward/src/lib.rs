@@ -3,20 +3,26 @@
 //! Input: `{"url": "https://...", "method"?: "POST", "headers"?: {"name": "value"},
 //! "body": any}`. Output: `{"status": 200}`. A 408, 429 or 5xx answer, or no answer,
 //! is a retryable error (the action's `retry_count` decides how often); another non-2xx
-//! answer fails the Plan.
+//! answer fails the Plan. The input's JSON Schema is derived from `Input`, so kairos
+//! refuses a booking whose input does not fit (400 `invalid_input`).
 
 use std::collections::BTreeMap;
 
 use kairos_guest::{export_action, http, info, Context, Error};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-#[derive(Deserialize)]
+#[derive(Deserialize, JsonSchema)]
 struct Input {
+    /// Where to send the request.
     url: String,
+    /// The HTTP method; POST when not given.
     #[serde(default = "post")]
     method: String,
+    /// Headers to send, besides `x-kairos-life` and `idempotency-key`.
     #[serde(default)]
     headers: BTreeMap<String, String>,
+    /// The JSON body.
     #[serde(default)]
     body: serde_json::Value,
 }
@@ -54,7 +60,7 @@ fn run(ctx: Context, input: Input) -> Result<Output, Error> {
     }
 }
 
-export_action!(run);
+export_action!(run, input_schema);
 
 /// `run` in a native `cargo test`, through the guest SDK's test kit.
 #[cfg(test)]
@@ -63,7 +69,8 @@ mod tests {
 
     use super::run;
 
-    const INPUT: &str = r#"{"url": "https://hooks.example.com/x", "headers": {"x-team": "ops"}, "body": {"n": 1}}"#;
+    const INPUT: &str =
+        r#"{"url": "https://hooks.example.com/x", "headers": {"x-team": "ops"}, "body": {"n": 1}}"#;
 
     #[test]
     fn forwards_the_body_and_reports_the_status() {
@@ -82,7 +89,18 @@ mod tests {
             sent.header("idempotency-key"),
             Some("test-life:1800000000000")
         );
-        assert_eq!(kit.logs(), ["info: POST https://hooks.example.com/x -> 202"]);
+        assert_eq!(
+            kit.logs(),
+            ["info: POST https://hooks.example.com/x -> 202"]
+        );
+    }
+
+    #[test]
+    fn the_input_schema_requires_a_url_string_and_nothing_else() {
+        let schema = testing::input_schema(run);
+        assert_eq!(schema["required"], serde_json::json!(["url"]));
+        assert_eq!(schema["properties"]["url"]["type"], "string");
+        assert_eq!(schema["properties"]["headers"]["type"], "object");
     }
 
     #[test]
@@ -94,6 +112,10 @@ mod tests {
         let err = testing::call(run, testing::context(), INPUT).unwrap_err();
         assert!(!err.retryable && err.message.contains("404"), "{err:?}");
         let _kit = Kit::new().on_http(|_| Err("connection refused".into()));
-        assert!(testing::call(run, testing::context(), INPUT).unwrap_err().retryable);
+        assert!(
+            testing::call(run, testing::context(), INPUT)
+                .unwrap_err()
+                .retryable
+        );
     }
 }
