@@ -160,6 +160,16 @@ impl InputViolation {
 /// is compiled once per host. Emptied when it holds more than this many.
 const MAX_CACHED_VALIDATORS: usize = 256;
 
+/// A registered schema, compiled. One that does not compile (checked at upload, so only a
+/// hand-edited registry) checks nothing, with a warning.
+fn compiled_or_warn(digest: &str, text: &str) -> Option<InputValidator> {
+    compile_input_schema(text)
+        .inspect_err(
+            |why| tracing::warn!(%digest, "a registered plugin's input schema is ignored: {why}"),
+        )
+        .ok()
+}
+
 /// The limits given with an upload.
 #[derive(Debug, Clone, PartialEq)]
 pub struct UploadLimits {
@@ -279,7 +289,8 @@ pub struct Registry {
     prefix: String,
     put: std::sync::Arc<Script>,
     delete: std::sync::Arc<Script>,
-    validators: Arc<Mutex<HashMap<String, InputValidator>>>,
+    /// Each component digest's compiled input schema (None: it declares none).
+    validators: Arc<Mutex<HashMap<String, Option<InputValidator>>>>,
 }
 
 impl Registry {
@@ -368,52 +379,58 @@ impl Registry {
         Ok(PluginMeta::from_hash(&hash))
     }
 
-    /// The `specs` that are registered, with their input schemas, in one round trip.
+    /// The `specs` that are registered, with their input schemas: one round trip for
+    /// the versions' digests, and a second only for digests this host has not seen (a
+    /// component's schema never changes, so each is read and compiled once per host).
     pub async fn registered(&self, specs: Vec<String>) -> Result<KnownPlugins, ApiError> {
         if specs.is_empty() {
             return Ok(KnownPlugins::default());
         }
-        let mut pipe = redis::pipe();
-        for spec in &specs {
-            let key = match split_spec(spec) {
+        let keys: Vec<String> = specs
+            .iter()
+            .map(|spec| match split_spec(spec) {
                 Ok((name, None)) => self.latest_key(name),
                 Ok((name, Some(v))) => self.version_key(name, v),
                 Err(_) => self.key("plugin-spec-that-cannot-exist:"),
-            };
-            pipe.cmd("HMGET").arg(key).arg("digest").arg("input_schema");
+            })
+            .collect();
+        let mut pipe = redis::pipe();
+        for key in &keys {
+            pipe.hget(key, "digest");
         }
         let mut conn = self.conn.clone();
-        let found: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
+        let digests: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
         let mut known = KnownPlugins::default();
-        for (spec, (digest, schema)) in specs.into_iter().zip(found) {
-            let Some(digest) = digest else { continue };
-            let validator = schema.and_then(|text| self.validator(&digest, &text));
-            known.0.insert(spec, validator);
+        let mut unseen = Vec::new();
+        {
+            let cache = self.validators.lock().expect("validators");
+            for ((spec, key), digest) in specs.into_iter().zip(keys).zip(digests) {
+                let Some(digest) = digest else { continue };
+                match cache.get(&digest) {
+                    Some(validator) => {
+                        known.0.insert(spec, validator.clone());
+                    }
+                    None => unseen.push((spec, key, digest)),
+                }
+            }
         }
-        Ok(known)
-    }
-
-    /// The compiled input schema of the component `digest`, compiled at its first use
-    /// here. One that does not compile (checked at upload, so only a hand-edited registry)
-    /// checks nothing, with a warning.
-    fn validator(&self, digest: &str, text: &str) -> Option<InputValidator> {
-        if let Some(v) = self.validators.lock().expect("validators").get(digest) {
-            return Some(v.clone());
-        }
-        match compile_input_schema(text) {
-            Ok(v) => {
+        if !unseen.is_empty() {
+            let mut pipe = redis::pipe();
+            for (_, key, _) in &unseen {
+                pipe.hget(key, "input_schema");
+            }
+            let schemas: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+            for ((spec, _, digest), schema) in unseen.into_iter().zip(schemas) {
+                let validator = schema.and_then(|text| compiled_or_warn(&digest, &text));
                 let mut cache = self.validators.lock().expect("validators");
                 if cache.len() >= MAX_CACHED_VALIDATORS {
                     cache.clear();
                 }
-                cache.insert(digest.to_string(), v.clone());
-                Some(v)
-            }
-            Err(why) => {
-                tracing::warn!(%digest, "a registered plugin's input schema is ignored: {why}");
-                None
+                cache.insert(digest, validator.clone());
+                known.0.insert(spec, validator);
             }
         }
+        Ok(known)
     }
 
     /// The component bytes of a digest.

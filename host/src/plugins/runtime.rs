@@ -716,7 +716,8 @@ impl PluginRuntime {
 
     /// The input schema a prepared component declares (its WIT 0.2 `input-schema`
     /// export; None for a 0.1 component or one that declares none), asked in the
-    /// sandbox with the upload's memory and time limits, and checked as JSON Schema.
+    /// sandbox with the upload's memory and time limits (at most 5 s), and checked as
+    /// JSON Schema.
     /// The error is a sentence for the uploader.
     pub async fn input_schema(
         &self,
@@ -731,7 +732,7 @@ impl PluginRuntime {
             size: 0,
             allowed_hosts: Vec::new(),
             memory_mb,
-            timeout_ms,
+            timeout_ms: timeout_ms.min(INPUT_SCHEMA_TIMEOUT_MS),
             uploaded_at: String::new(),
             uploaded_at_ms: 0,
             input_schema: None,
@@ -872,6 +873,10 @@ enum Answer {
     Run(Result<String, (String, bool)>),
     InputSchema(Option<String>),
 }
+
+/// The longest an upload waits for the component's `input-schema` (or the upload's own
+/// timeout, when shorter): it returns a constant, and an upload request must not hang.
+const INPUT_SCHEMA_TIMEOUT_MS: u64 = 5_000;
 
 /// The largest input schema an upload may declare.
 const MAX_INPUT_SCHEMA_BYTES: usize = 64 * 1024;
