@@ -197,7 +197,7 @@ async fn queues_and_timers_have_series_of_their_own() {
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let m = loop {
         let m = scrape(&host).await;
-        if m.contains_key("kairos_timer_last_outcome{timer=\"tick\",outcome=\"done\"}") {
+        if m.contains_key("kairos_timer_last_outcome{timer=\"tick\",outcome=\"success\"}") {
             break m;
         }
         assert!(std::time::Instant::now() < deadline, "{m:?}");

@@ -367,7 +367,7 @@ async fn queue_and_timer_series(app: &crate::api::App) -> Result<String, ApiErro
             let _ = writeln!(
                 outcome,
                 "kairos_timer_last_outcome{{timer=\"{t}\",outcome=\"{}\"}} 1",
-                label(o)
+                label(crate::timers::last_outcome(o))
             );
         }
         if let Some(ms) = timer

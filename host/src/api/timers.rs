@@ -635,7 +635,7 @@ pub(crate) fn timer_json(
         "next_run": text("next_run"),
         "next_run_ms": num("next_run_ms"),
         "last_run_at_ms": num("last_run_at_ms"),
-        "last_outcome": text("last_outcome"),
+        "last_outcome": hash.get("last_outcome").map(|o| crate::timers::last_outcome(o)),
         "created_at": text("created_at"),
         "version": num("version"),
     });

@@ -21,6 +21,9 @@
 --       action ('' = none: see book_callback), 18 now_rfc, 19.. skip records (JSON)
 -- Returns 'ok' | 'lost' | 'changed'
 local host, name, claim, outcome = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+-- The outcome as the run's record says it (`success`, `retry`, `failed`), for the
+-- timer's `last_outcome` and the runs stream.
+local word = outcome == 'done' and 'success' or outcome
 local next_ms, next_rfc, record, now_ms = ARGV[6], ARGV[7], ARGV[9], ARGV[10]
 if applied_by(KEYS[5], host, claim) then return 'ok' end
 local t = redis.call('HMGET', KEYS[4], 'version', 'active', 'next_override_ms', 'next_override')
@@ -33,7 +36,7 @@ end
 local plan_id = name .. ':timer'
 local f = redis.call('HMGET', KEYS[5], 'state', 'lease_owner', 'claims')
 if f[1] ~= 'Running' or f[2] ~= host or f[3] ~= claim then
-  if t[1] then log_run(record, outcome) end
+  if t[1] then log_run(record, word) end
   return 'lost'
 end
 redis.call('ZREM', KEYS[1], plan_id)
@@ -42,13 +45,13 @@ if not t[1] then
   redis.call('DEL', KEYS[5])
   return 'ok'
 end
-log_run(record, outcome)
+log_run(record, word)
 for i = 19, #ARGV do log_run(ARGV[i], 'skipped') end
 if outcome ~= 'retry' then
   book_callback(ARGV[16], ARGV[17], plan_id, now_ms, ARGV[18], ARGV[11])
 end
 redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[13]) - 1)
-redis.call('HSET', KEYS[4], 'last_run_at_ms', now_ms, 'last_outcome', outcome)
+redis.call('HSET', KEYS[4], 'last_run_at_ms', now_ms, 'last_outcome', word)
 redis.call('HSET', KEYS[5], 'done_by', host .. '#' .. claim)
 if outcome == 'retry' and t[2] == '1' then
   redis.call('HSET', KEYS[5], 'state', 'Standby', 'fire_at_ms', next_ms, 'fire_at', next_rfc)
