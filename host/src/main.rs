@@ -38,6 +38,11 @@ enum Command {
     /// Where an object's keys are in Redis: its shard and the prefix of its keys, to
     /// read them with redis-cli (no server needed).
     Where(WhereArgs),
+    /// Print the runs the shards' `runs` streams hold (hosts started with
+    /// --runs-stream-max-len N keep about the last N per shard) as JSON lines, one run
+    /// a line, to keep full history elsewhere: `kairos export-runs --follow >> runs.jsonl`.
+    /// Reads Redis directly; writes nothing there.
+    ExportRuns(ExportRunsArgs),
     /// Print a shell completion script: `kairos completions bash > /etc/bash_completion.d/kairos`,
     /// `kairos completions zsh > "${fpath[1]}/_kairos"`, `kairos completions fish >
     /// ~/.config/fish/completions/kairos.fish`.
@@ -60,6 +65,20 @@ struct MigrateArgs {
     /// Migrate even if hosts of the earlier version look alive.
     #[arg(long)]
     force: bool,
+}
+
+#[derive(clap::Args)]
+struct ExportRunsArgs {
+    /// The Redis (or `redis+cluster://` nodes) holding the keyspace.
+    #[arg(long, env = "KAIROS_REDIS_URL")]
+    redis_url: String,
+    /// Prefix of the keyspace's keys.
+    #[arg(long, env = "KAIROS_KEY_PREFIX", default_value = "kairos")]
+    key_prefix: String,
+    /// After what the streams hold, go on printing runs as they are recorded (until
+    /// stopped).
+    #[arg(long)]
+    follow: bool,
 }
 
 #[derive(clap::Args)]
@@ -202,6 +221,15 @@ async fn run() -> anyhow::Result<()> {
             Ok(())
         }
         Command::Where(args) => where_is(&args),
+        Command::ExportRuns(args) => {
+            exit_quietly_on_closed_stdout();
+            let stdout = std::io::stdout();
+            let mut out = std::io::BufWriter::new(stdout.lock());
+            kairos::store::runs::export(&args.redis_url, &args.key_prefix, args.follow, &mut out)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            Ok(())
+        }
         Command::Completions { shell } => {
             exit_quietly_on_closed_stdout();
             use clap::CommandFactory;

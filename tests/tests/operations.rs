@@ -751,3 +751,90 @@ async fn delete_of_a_claimed_plan_never_fires() {
         .await;
     assert_eq!(redis.zcard_all("held").await, 0, "nothing left held");
 }
+
+/// `kairos export-runs` prints every run the shards' `runs` streams hold as JSON lines
+/// (the Life, its Plan, the outcome and the run's record), and with `--follow` goes on
+/// printing runs recorded after it started; it refuses a Redis with no keyspace and
+/// creates none there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn export_runs_prints_recorded_runs_as_json_lines_and_follows_new_ones() {
+    use std::io::{BufRead, BufReader};
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--runs-stream-max-len", "1000")]),
+    );
+    let api = Api::new(&host);
+    let ids = ["export-a", "export-b", "export-c"];
+    let at = now_ms() + 1_000;
+    for id in ids {
+        book(&api, &point(id, at, hook(id))).await;
+    }
+    for id in ids {
+        api.wait_life(id, Duration::from_secs(10), |l| state(l) == "Dead")
+            .await;
+    }
+
+    let (code, out, err) = kairos_command(&["export-runs", "--redis-url", &redis.url()]);
+    assert_eq!(code, 0, "{out}{err}");
+    let lines: Vec<Value> = out
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert_eq!(lines.len(), 3, "{out}");
+    let mut lives: Vec<&str> = lines.iter().map(|l| l["life"].as_str().unwrap()).collect();
+    lives.sort();
+    assert_eq!(lives, ids);
+    for l in &lines {
+        assert_eq!(l["plan"], "birth", "{l}");
+        assert_eq!(l["outcome"], "success", "{l}");
+        assert_eq!(l["record"]["status"], 200, "{l}");
+        assert!(l["record"]["started_at"].as_i64().unwrap() >= at, "{l}");
+        assert!(l["id"].as_str().unwrap().contains('-'), "{l}");
+    }
+
+    // --follow: what is there, then a run recorded later.
+    let mut child = std::process::Command::new(kairos_bin())
+        .args(["export-runs", "--follow", "--redis-url", &redis.url()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let next = |within: Duration| -> Value {
+        let line = rx
+            .recv_timeout(within)
+            .expect("export-runs --follow printed nothing in time");
+        serde_json::from_str(&line).unwrap()
+    };
+    for _ in 0..3 {
+        next(Duration::from_secs(10));
+    }
+    book(
+        &api,
+        &point("export-later", now_ms() + 1_000, hook("later")),
+    )
+    .await;
+    let later = next(Duration::from_secs(15));
+    assert_eq!(later["life"], "export-later", "{later}");
+    assert_eq!(later["outcome"], "success", "{later}");
+    let _ = child.kill();
+    let _ = child.wait();
+
+    // No keyspace: refused, and nothing written there.
+    let empty = RedisServer::start();
+    let (code, _, err) = kairos_command(&["export-runs", "--redis-url", &empty.url()]);
+    assert_eq!(code, 1, "{err}");
+    assert!(err.contains("no kairos keyspace here"), "{err}");
+    let keys = empty.cli(&["dbsize"]);
+    assert_eq!(keys.trim().trim_start_matches("(integer) "), "0", "{keys}");
+}

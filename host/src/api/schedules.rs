@@ -27,7 +27,7 @@ use axum::http::{HeaderMap, StatusCode};
     request_body(content = BookingRequest, description = "The booking; the field names are those of the Qmonus Schedule service."),
     responses(
         (status = 200, description = "Booked.", body = Booked),
-        (status = 400, description = "Not JSON of the right shape, a time that does not parse, a missing field, an unknown field or plugin, a field in both spellings, birth not before death, a term shorter than minimum_life_term.", body = ErrorBody,
+        (status = 400, description = "Not JSON of the right shape, a time that does not parse, a missing field, an unknown field or plugin, a plugin input that does not fit the plugin's input schema (`invalid_input`), a field in both spellings, birth not before death, a term shorter than minimum_life_term.", body = ErrorBody,
             example = json!({"error": {"code": "unknown_field", "message": "the body has an unknown field `resource_idd`"}})),
         (status = 406, description = "A time within execution_guard_time of now.", body = ErrorBody,
             example = json!({"error": {"code": "too_soon", "message": "birth_time must be more than execution_guard_time (30 s) from now"}})),

@@ -36,6 +36,7 @@ mod memory;
 pub mod migrate;
 mod ownership;
 mod queues;
+pub mod runs;
 pub mod shards;
 mod timers;
 

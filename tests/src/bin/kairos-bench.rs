@@ -514,6 +514,18 @@ async fn redis_cpu_us(redis: &RedisServer) -> f64 {
     (field("used_cpu_sys") + field("used_cpu_user")) * 1e6
 }
 
+/// A host that fires to the bench sink at `sink_url`, booking half a second ahead and
+/// holding up to 200,000 claimed Plans, with `extra` flags.
+fn firing_host(redis: &RedisServer, sink_url: &str, extra: &[(&str, &str)]) -> Host {
+    let mut all = vec![
+        ("--gateway-url", sink_url),
+        ("--execution-guard-time", "500ms"),
+        ("--max-claimed", "200000"),
+    ];
+    all.extend_from_slice(extra);
+    Host::start(&redis.url(), &flags_with(fast_flags(), &all))
+}
+
 /// Redis CPU per fire: 100,000 point Plans due within one second, booked first with a
 /// look-ahead of one second, so that their claims, starts and finishes all fall in the
 /// measured span and the booking does not.
@@ -524,18 +536,7 @@ async fn bench_cpu() {
     );
     let redis = RedisServer::start_with_fsync("everysec");
     let (sink_url, sink) = start_sink().await;
-    let host = Host::start(
-        &redis.url(),
-        &flags_with(
-            fast_flags(),
-            &[
-                ("--gateway-url", sink_url.as_str()),
-                ("--execution-guard-time", "500ms"),
-                ("--max-claimed", "200000"),
-                ("--preset-execution-time", "1s"),
-            ],
-        ),
-    );
+    let host = firing_host(&redis, &sink_url, &[("--preset-execution-time", "1s")]);
     let count = 100_000usize;
     let lead_ms = 4_000 + (count as i64 / 8);
     let start = now_ms() + lead_ms;
@@ -918,14 +919,7 @@ async fn bench_memory() {
         for limit in ["64", "1024"] {
             let redis = RedisServer::start_with_fsync("everysec");
             let host = booking_host(&redis).await;
-            let mut conn = redis.conn().await;
-            let _: () = redis::cmd("CONFIG")
-                .arg("SET")
-                .arg("hash-max-listpack-value")
-                .arg(limit)
-                .query_async(&mut conn)
-                .await
-                .unwrap();
+            set_listpack_limit(&redis, limit).await;
             // A first 2,000 create every shard's sets and the default queue.
             let m = make.clone();
             post_many(&host, path, 2_000, 64, move |i| m(count + i)).await;
@@ -937,5 +931,58 @@ async fn bench_memory() {
         }
         println!("| {label} | {} | {} |", row[0], row[1]);
     }
+    let mut row = Vec::new();
+    for limit in ["64", "1024"] {
+        row.push(format!("{:.0} B", finished_bytes(limit, 20_000).await));
+    }
+    println!(
+        "| point booking, small action, **finished** and kept as history (20,000 fired) | {} | {} |",
+        row[0], row[1]
+    );
     println!();
+}
+
+/// `CONFIG SET hash-max-listpack-value limit`: past it, a hash value makes Redis keep the
+/// hash in its larger hashtable encoding.
+async fn set_listpack_limit(redis: &RedisServer, limit: &str) {
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("hash-max-listpack-value")
+        .arg(limit)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+}
+
+/// Redis bytes a fired point Life keeps as history (its hashes, its run record, its
+/// place in `finished`), per Life: `count` Lives booked a few seconds ahead with a small
+/// webhook action, all fired to a local sink and recorded.
+async fn finished_bytes(listpack_limit: &str, count: usize) -> f64 {
+    let redis = RedisServer::start_with_fsync("everysec");
+    let (sink_url, sink) = start_sink().await;
+    let host = firing_host(&redis, &sink_url, &[]);
+    set_listpack_limit(&redis, listpack_limit).await;
+    // A first 2,000, fired, create every shard's sets.
+    let warm = now_ms() + 2_000;
+    book_many(&host, 2_000, 64, true, move |i| warm + (i % 500) as i64).await;
+    let wait_for = |n: usize| {
+        let sink = sink.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while sink.arrivals.lock().unwrap().len() < n {
+                assert!(Instant::now() < deadline, "not every Plan fired");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            // The last finish batches are written just after the last call.
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+        }
+    };
+    wait_for(2_000).await;
+    let before = used_memory(&redis).await;
+    let start = now_ms() + 2_000 + count as i64 / 8;
+    book_many(&host, count, 64, true, move |i| start + (i % 2_000) as i64).await;
+    wait_for(2_000 + count).await;
+    let after = used_memory(&redis).await;
+    (after - before) as f64 / count as f64
 }
