@@ -24,6 +24,7 @@
 local RUNS_KEPT = 50
 local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
 local out, done_ids = {}, {}
+batch_begin()
 
 local function apply(plan_id, claim, outcome, next_ms, status, err, attempt, word, record,
     callback, callback_action)
@@ -115,4 +116,5 @@ for i = 6, #ARGV, 11 do
     ARGV[i + 5], tonumber(ARGV[i + 6]), ARGV[i + 7], ARGV[i + 8], ARGV[i + 9], ARGV[i + 10])
 end
 if #done_ids > 0 then redis.call('ZREM', KEYS[1], unpack(done_ids)) end
+batch_end()
 return out
