@@ -50,6 +50,10 @@ pub struct Observed {
     pub samples: Vec<Sample>,
     /// Which kairos binary ran.
     pub kairos: String,
+    /// Once every host had stopped: each state whose count in the shards' census differs
+    /// from the number of Lives in that state (`state: census N, Lives M`).
+    #[serde(default)]
+    pub census_mismatches: Vec<String>,
 }
 
 /// A Plan the sampler saw Running.
@@ -1157,6 +1161,13 @@ pub fn check_all(o: &Observed) -> Report {
             .collect(),
     ));
 
+    checks.push(check(
+        "census: Lives per state counted otherwise than the Lives' own states",
+        true,
+        o.census_mismatches.len(),
+        o.census_mismatches.iter().take(EXAMPLES).cloned().collect(),
+    ));
+
     // ---- summary -------------------------------------------------------------------
     let mut faults = BTreeMap::new();
     for f in &o.faults {
@@ -1395,6 +1406,7 @@ mod tests {
             in_flight_at_end: 0,
             samples: Vec::new(),
             kairos: String::new(),
+            census_mismatches: Vec::new(),
         }
     }
 
@@ -1417,6 +1429,20 @@ mod tests {
             vec![],
         ));
         assert!(r.passed, "{}", render(&r));
+    }
+
+    #[test]
+    fn a_census_that_differs_from_the_lives_fails_the_run() {
+        let mut o = observed(
+            vec![booking("a", Kind::Point, None, 1_000, None)],
+            vec![call(0, "a:birth", "h0.1", 1_001, 1_100, 1)],
+            vec![],
+        );
+        assert!(check_all(&o).passed);
+        o.census_mismatches = vec!["Dead: census 0, Lives 1".into()];
+        let r = check_all(&o);
+        assert!(!r.passed, "{}", render(&r));
+        assert_eq!(count(&r, "census:"), 1);
     }
 
     #[test]

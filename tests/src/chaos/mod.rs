@@ -255,6 +255,78 @@ async fn fault_schedule(
     done
 }
 
+/// Every state whose count in the shards' `census` hashes differs from the number of
+/// Lives in that state (each `life:` hash's own `state`), read once no host runs: the
+/// census is what `/metrics` and the dashboard show, changed by every script that
+/// changes a Life, faults or not.
+async fn census_mismatches(cluster: &Cluster) -> Vec<String> {
+    let redis = cluster.redis.lock().unwrap().url();
+    let client = redis::Client::open(redis.as_str()).expect("a Redis URL");
+    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+        return vec!["cannot connect to Redis to read the census".into()];
+    };
+    async fn keys(conn: &mut redis::aio::MultiplexedConnection, pattern: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query_async(conn)
+                .await
+                .unwrap_or_default();
+            out.extend(batch);
+            if next == 0 {
+                return out;
+            }
+            cursor = next;
+        }
+    }
+    let mut lives: HashMap<String, i64> = HashMap::new();
+    for key in keys(&mut conn, "kairos:{*}:life:*").await {
+        let state: Option<String> = redis::cmd("HGET")
+            .arg(&key)
+            .arg("state")
+            .query_async(&mut conn)
+            .await
+            .unwrap_or(None);
+        *lives.entry(state.unwrap_or_default()).or_default() += 1;
+    }
+    let mut census: HashMap<String, i64> = HashMap::new();
+    for key in keys(&mut conn, "kairos:{*}:census").await {
+        let counts: HashMap<String, i64> = redis::cmd("HGETALL")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .unwrap_or_default();
+        for (state, n) in counts {
+            if state != "v" {
+                *census.entry(state).or_default() += n;
+            }
+        }
+    }
+    if lives.is_empty() {
+        // The load always books Lives: none found means the keys were not where looked.
+        return vec!["no Lives found under kairos:{*}:life:* to count".into()];
+    }
+    let mut states: Vec<&String> = lives.keys().chain(census.keys()).collect();
+    states.sort();
+    states.dedup();
+    states
+        .into_iter()
+        .filter_map(|s| {
+            let (c, l) = (
+                census.get(s).copied().unwrap_or(0),
+                lives.get(s).copied().unwrap_or(0),
+            );
+            (c != l).then(|| format!("{s}: census {c}, Lives {l}"))
+        })
+        .collect()
+}
+
 /// Runs the suite: start, load with faults, drain, read the final state, check.
 pub async fn run(cfg: &ChaosConfig) -> Report {
     let root = Rng::new(cfg.seed);
@@ -436,6 +508,7 @@ pub async fn run(cfg: &ChaosConfig) -> Report {
         (end_ms - load_end_ms) as f64 / 1000.0
     );
     cluster.shutdown().await;
+    let census_mismatches = census_mismatches(&cluster).await;
 
     let journal = std::mem::take(&mut *cluster.journal.lock().unwrap());
     let observed = Observed {
@@ -460,6 +533,7 @@ pub async fn run(cfg: &ChaosConfig) -> Report {
         in_flight_at_end,
         samples,
         kairos: binary.clone(),
+        census_mismatches,
     };
     let report = check::check_all(&observed);
     let json = serde_json::json!({
