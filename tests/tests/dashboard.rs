@@ -786,6 +786,11 @@ async fn upload_and_delete_a_plugin(page: &Page, admin: &Api) {
         .unwrap()
         .contains(&digest));
     assert_eq!(page.text("#plugin-lives").await, "0");
+    // noop declares no input schema (http-forward's is shown as JSON).
+    assert_eq!(
+        page.text("#plugin-schema").await,
+        "none: any input is booked"
+    );
 
     // A Life and a timer use it: counted on its page and in the list.
     book(

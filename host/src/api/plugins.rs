@@ -189,31 +189,16 @@ async fn upload_plugin(
     Ok((StatusCode::CREATED, Json(json!(meta))))
 }
 
-/// Who uses each of `names`: unfinished Lives and timers, read at once. The store's count
-/// (`plugin_users`, what DELETE refuses on) is of Lives and timers together; the timers
-/// are told apart here by their actions.
+/// Who uses each of `names`: unfinished Lives and timers, read at once, inside Redis
+/// (`plugin_users`: DELETE refuses on the two together).
 async fn usage(app: &Shared, names: &[&str]) -> Result<Vec<PluginUsage>, ApiError> {
-    let timers = app.store.timer_list().await?;
     let users =
         futures_util::future::try_join_all(names.iter().map(|n| app.store.plugin_users(n))).await?;
-    Ok(names
-        .iter()
-        .zip(users)
-        .map(|(name, users)| {
-            let timers: Vec<String> = timers
-                .iter()
-                .filter(|(_, t, _)| {
-                    t.get("action")
-                        .and_then(|a| serde_json::from_str::<Value>(a).ok())
-                        .and_then(|a| a["plugin"].as_str().map(str::to_string))
-                        .is_some_and(|p| p.split('@').next() == Some(name))
-                })
-                .map(|(timer, _, _)| timer.clone())
-                .collect();
-            PluginUsage {
-                unfinished_lives: users.saturating_sub(timers.len() as u64),
-                timers,
-            }
+    Ok(users
+        .into_iter()
+        .map(|(unfinished_lives, timers)| PluginUsage {
+            unfinished_lives,
+            timers,
         })
         .collect())
 }
@@ -293,7 +278,8 @@ async fn delete_plugin(
 ) -> Result<Json<Value>, ApiError> {
     check_name(&name)?;
     let force = super::extractors::flag("force", query.force.as_deref())?;
-    let unfinished = app.store.plugin_users(&name).await?;
+    let (lives, timers) = app.store.plugin_users(&name).await?;
+    let unfinished = lives + timers.len() as u64;
     match app
         .plugins
         .registry()

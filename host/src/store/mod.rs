@@ -511,9 +511,10 @@ impl Store {
         Ok(())
     }
 
-    /// The unfinished Plans of one plugin across every shard: Lives booked with it and
-    /// timers that use it (for `DELETE /plugins/{name}`).
-    pub async fn plugin_users(&self, name: &str) -> Result<u64, ApiError> {
+    /// Who uses one plugin across every shard: the number of unfinished Lives booked
+    /// with it, and the names of the timers whose action names it (for `GET` and
+    /// `DELETE /plugins/{name}`), read inside Redis: no timer is shipped to the host.
+    pub async fn plugin_users(&self, name: &str) -> Result<(u64, Vec<String>), ApiError> {
         let counts = (0..self.shard_count()).map(|shard| {
             let k = self.shard(shard);
             let mut conn = self.conn();
@@ -524,14 +525,18 @@ impl Store {
                     .key(k.timers())
                     .arg(&k.prefix)
                     .arg(name)
-                    .invoke_async::<u64>(&mut conn)
+                    .invoke_async::<(u64, Vec<String>)>(&mut conn)
                     .await
             }
         });
-        Ok(futures_util::future::try_join_all(counts)
-            .await?
-            .into_iter()
-            .sum())
+        let mut lives = 0;
+        let mut timers = Vec::new();
+        for (n, names) in futures_util::future::try_join_all(counts).await? {
+            lives += n;
+            timers.extend(names);
+        }
+        timers.sort();
+        Ok((lives, timers))
     }
 
     // ---- firing engine ----

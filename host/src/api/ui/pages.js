@@ -507,6 +507,9 @@ async function plugin(view, ctx, name) {
       ['Digest', h('code', {}, p.digest)],
       ['May call', (p.allowed_hosts || []).join(', ') || 'none'],
       ['Limits', `${p.memory_mb} MiB, ${duration(p.timeout_ms)}`],
+      ['Input schema', h('span', { id: 'plugin-schema' }, p.input_schema
+        ? jsonBlock(p.input_schema, 'JSON Schema: a booking whose input does not fit is refused')
+        : 'none: any input is booked')],
       ['Unfinished Lives using it', h('span', { id: 'plugin-lives' }, String(p.unfinished_lives ?? 0))],
       ['Timers using it', h('span', { id: 'plugin-timers' }, using.length ? using.map((t) => [link(t, 'timers', t), ' ']) : 'none')],
     ])),
