@@ -160,6 +160,21 @@ enum Kind {
     /// Each call debounced under key `{prefix}-{i % 1000}`: a thousand windows, each
     /// opened once and then merged into.
     Debounced(String),
+    /// A plugin action instead of a webhook: `http-forward`, whose input schema each
+    /// booking is checked against, or `noop`, which declares none.
+    Plugin(&'static str),
+}
+
+impl Kind {
+    fn name(&self) -> &'static str {
+        match self {
+            Kind::Plain => "plain",
+            Kind::Keyed(_) => "with Idempotency-Key",
+            Kind::Debounced(_) => "debounced",
+            Kind::Plugin("noop") => "plugin action, no input schema (noop)",
+            Kind::Plugin(_) => "plugin action, input checked against its schema (http-forward)",
+        }
+    }
 }
 
 /// `book_many`, each call made as `kind` says.
@@ -187,7 +202,9 @@ async fn book_many_as(
                 if i >= count {
                     return latencies;
                 }
-                let action = if gateway_path {
+                let action = if let Kind::Plugin(name) = kind {
+                    json!({"plugin": name, "input": {"url": "http://example.com/hook", "body": {"n": i}}})
+                } else if gateway_path {
                     json!({"path": "/hook", "method": "POST", "body": {"n": i}})
                 } else {
                     json!({"url": "http://example.com/hook", "method": "POST", "body": {"n": i}})
@@ -638,36 +655,76 @@ async fn bench_cpu() {
 async fn bench_idempotency() {
     println!("## Booking with an Idempotency-Key or a debounce, against plain\n");
     let redis = RedisServer::start();
-    let ceiling_1 = redis_benchmark(redis.port, 1);
+    let ceiling = redis_benchmark(redis.port, 1);
     let host = booking_host(&redis).await;
+    let kinds = [
+        Kind::Plain,
+        Kind::Keyed("bench-k".into()),
+        Kind::Debounced("bench-d".into()),
+    ];
+    alternate(&host, &redis, &kinds, 2, ceiling).await;
+}
+
+/// Booking a plugin action whose input is checked against the plugin's JSON Schema
+/// (`http-forward`), one whose plugin declares none (`noop`), and a webhook action, in
+/// alternating rounds on one host and Redis, with the ceiling taken on that Redis in the
+/// same run.
+async fn bench_plugin_booking() {
+    println!("## Booking a plugin action (its input checked against the plugin's schema), against a webhook action\n");
+    let redis = RedisServer::start();
+    let ceiling = redis_benchmark(redis.port, 1);
+    let host = booking_host(&redis).await;
+    for name in ["http-forward", "noop"] {
+        let (status, meta) = Api::new(&host)
+            .raw(
+                hyper::Method::PUT,
+                &format!("/plugins/{name}?allowed_hosts=example.com"),
+                plugin_wasm(name),
+                &[("content-type", "application/wasm")],
+            )
+            .await;
+        assert_eq!(status, 201, "{meta}");
+        assert_eq!(
+            meta["input_schema"].is_object(),
+            name == "http-forward",
+            "{meta}"
+        );
+    }
+    let kinds = [
+        Kind::Plain,
+        Kind::Plugin("noop"),
+        Kind::Plugin("http-forward"),
+    ];
+    alternate(&host, &redis, &kinds, 3, ceiling).await;
+}
+
+/// `rounds` rounds of 20,000 bookings of each of `kinds` in turn over 64 clients: the
+/// rate, latency and Redis bytes of each, and each kind's time per booking against the
+/// first kind's (the mean of the rounds).
+async fn alternate(host: &Host, redis: &RedisServer, kinds: &[Kind], rounds: usize, ceiling: f64) {
     let far = now_ms() + 30 * 86_400_000;
     let per_round = 20_000;
     let mut rows = Vec::new();
-    for round in 0..6 {
-        let kind = match round % 3 {
-            0 => Kind::Plain,
-            1 => Kind::Keyed(format!("bench-{round}")),
-            _ => Kind::Debounced(format!("bench-{round}")),
+    for round in 0..rounds * kinds.len() {
+        let kind = match &kinds[round % kinds.len()] {
+            Kind::Keyed(p) => Kind::Keyed(format!("{p}-{round}")),
+            Kind::Debounced(p) => Kind::Debounced(format!("{p}-{round}")),
+            other => other.clone(),
         };
-        let before = used_memory(&redis).await;
-        let (secs, latencies) = book_many_as(&host, per_round, 64, true, kind.clone(), move |i| {
+        let before = used_memory(redis).await;
+        let (secs, latencies) = book_many_as(host, per_round, 64, true, kind.clone(), move |i| {
             far + (round * per_round + i) as i64
         })
         .await;
-        let bytes = (used_memory(&redis).await - before) as f64 / per_round as f64;
+        let bytes = (used_memory(redis).await - before) as f64 / per_round as f64;
         rows.push((kind, per_round as f64 / secs, latencies, bytes));
     }
-    let name = |kind: &Kind| match kind {
-        Kind::Plain => "plain",
-        Kind::Keyed(_) => "with Idempotency-Key",
-        Kind::Debounced(_) => "debounced",
-    };
     println!("| round | bookings/s | latency p50 / p99 (ms) | Redis bytes per booking |");
     println!("|---|---|---|---|");
     for (kind, rate, latencies, bytes) in &rows {
         println!(
             "| {} | {rate:.0} | {:.2} / {:.2} | {bytes:.0} |",
-            name(kind),
+            kind.name(),
             percentile(latencies, 0.50) as f64 / 1000.0,
             percentile(latencies, 0.99) as f64 / 1000.0,
         );
@@ -675,15 +732,19 @@ async fn bench_idempotency() {
     let mean = |want: &str| {
         let rates: Vec<f64> = rows
             .iter()
-            .filter(|r| name(&r.0) == want)
+            .filter(|r| r.0.name() == want)
             .map(|r| r.1)
             .collect();
         rates.iter().sum::<f64>() / rates.len() as f64
     };
+    let base = kinds[0].name();
+    let ratios: Vec<String> = kinds[1..]
+        .iter()
+        .map(|k| format!("{} {:.2}x", k.name(), mean(base) / mean(k.name())))
+        .collect();
     println!(
-        "\nTime per booking against plain (mean of the rounds): with a key {:.2}x, debounced {:.2}x. Ceiling in the same run: {ceiling_1:.0} ZADD/s (`redis-benchmark -t zadd -c 64`).\n",
-        mean("plain") / mean("with Idempotency-Key"),
-        mean("plain") / mean("debounced"),
+        "\nTime per booking against {base} (mean of the rounds): {}. Ceiling in the same run: {ceiling:.0} ZADD/s (`redis-benchmark -t zadd -c 64`).\n",
+        ratios.join(", ")
     );
 }
 
@@ -718,6 +779,9 @@ async fn main() {
     }
     if args.iter().any(|a| a == "plugin-first-fire") {
         bench_plugin_first_fire().await;
+    }
+    if args.iter().any(|a| a == "plugin-booking") {
+        bench_plugin_booking().await;
     }
 }
 
