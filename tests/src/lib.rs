@@ -623,12 +623,7 @@ pub async fn upload_plugin(api: &Api, name: &str, crate_name: &str, query: &str)
 pub async fn upload_component(api: &Api, name: &str, wasm: Vec<u8>, query: &str) -> Value {
     let size = wasm.len();
     let (status, reply) = api
-        .raw(
-            Method::PUT,
-            &format!("/plugins/{name}?{query}"),
-            wasm,
-            &[("content-type", "application/wasm")],
-        )
+        .put_wasm(&format!("/plugins/{name}?{query}"), wasm)
         .await;
     assert_eq!(status, 201, "upload of {name} refused: {reply:#}");
     assert_eq!(reply["size"], size, "{reply:#}");
@@ -906,6 +901,18 @@ impl Api {
             token: Some(token.to_string()),
             ..self.clone()
         }
+    }
+
+    /// `PUT path` with `wasm` as an `application/wasm` body: a plugin upload, whatever the
+    /// host answers.
+    pub async fn put_wasm(&self, path: &str, wasm: Vec<u8>) -> Reply {
+        self.raw(
+            Method::PUT,
+            path,
+            wasm,
+            &[("content-type", "application/wasm")],
+        )
+        .await
     }
 
     pub async fn raw(

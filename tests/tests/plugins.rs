@@ -4,7 +4,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use axum::http::Method;
 use kairos_e2e::*;
 use serde_json::{json, Value};
 
@@ -304,15 +303,7 @@ async fn malformed_uploads_and_unknown_plugins_are_refused_with_400() {
     let api = Api::new(&host);
     let put = |path: String, bytes: Vec<u8>| {
         let api = api.clone();
-        async move {
-            api.raw(
-                Method::PUT,
-                &path,
-                bytes,
-                &[("content-type", "application/wasm")],
-            )
-            .await
-        }
+        async move { api.put_wasm(&path, bytes).await }
     };
     let code = |r: &Value| r["error"]["code"].as_str().unwrap_or("").to_string();
 
@@ -1371,11 +1362,9 @@ async fn a_new_version_keeps_the_limits_its_upload_does_not_change() {
     assert_eq!(limits(&view), (4, json!([]), 16, 3_000));
     // A host list with a scheme could never match a request: refused at upload.
     let (status, reply) = api
-        .raw(
-            Method::PUT,
+        .put_wasm(
             "/plugins/kept?allowed_hosts=http://127.0.0.1:18399",
             plugin_wasm("noop"),
-            &[("content-type", "application/wasm")],
         )
         .await;
     assert_eq!(
@@ -1725,12 +1714,7 @@ async fn an_input_that_does_not_fit_the_plugins_schema_is_refused_at_booking_and
 
     // A declared schema that is not JSON Schema: the upload is refused, nothing stored.
     let (status, reply) = api
-        .raw(
-            Method::PUT,
-            "/plugins/bad-schema",
-            plugin_wasm("bad-schema"),
-            &[("content-type", "application/wasm")],
-        )
+        .put_wasm("/plugins/bad-schema", plugin_wasm("bad-schema"))
         .await;
     assert_eq!(status, 400, "{reply:#}");
     assert_eq!(reply["error"]["code"], "invalid_plugin");

@@ -21,7 +21,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use kairos_e2e::{
-    fast_flags, flags_with, now_ms, plugin_wasm, rfc3339_ms, Api, Host, RedisServer, TempDir,
+    fast_flags, flags_with, now_ms, plugin_wasm, rfc3339_ms, upload_component, upload_plugin, Api,
+    Host, RedisServer, TempDir,
 };
 use serde_json::json;
 
@@ -675,15 +676,7 @@ async fn bench_plugin_booking() {
     let ceiling = redis_benchmark(redis.port, 1);
     let host = booking_host(&redis).await;
     for name in ["http-forward", "noop"] {
-        let (status, meta) = Api::new(&host)
-            .raw(
-                hyper::Method::PUT,
-                &format!("/plugins/{name}?allowed_hosts=example.com"),
-                plugin_wasm(name),
-                &[("content-type", "application/wasm")],
-            )
-            .await;
-        assert_eq!(status, 201, "{meta}");
+        let meta = upload_plugin(&Api::new(&host), name, name, "allowed_hosts=example.com").await;
         assert_eq!(
             meta["input_schema"].is_object(),
             name == "http-forward",
@@ -826,15 +819,13 @@ async fn bench_plugin_first_fire() {
     for round in 0..5u32 {
         let dir_a = TempDir::new("first-fire-a");
         let mut a = Host::start_in(&redis.url(), &flags, &dir_a.0);
-        let (status, meta) = Api::new(&a)
-            .raw(
-                hyper::Method::PUT,
-                &format!("/plugins/fwd?allowed_hosts={sink_addr}"),
-                with_custom_section(&base, round),
-                &[("content-type", "application/wasm")],
-            )
-            .await;
-        assert_eq!(status, 201, "{meta}");
+        let meta = upload_component(
+            &Api::new(&a),
+            "fwd",
+            with_custom_section(&base, round),
+            &format!("allowed_hosts={sink_addr}"),
+        )
+        .await;
         a.terminate(Duration::from_secs(10));
         drop(a);
         let digest = meta["digest"].as_str().unwrap().to_string();
