@@ -1604,7 +1604,8 @@ async fn a_javascript_plugin_forwards_retries_and_refuses_unfit_input_at_booking
 /// A plugin that declares its input's JSON Schema (WIT 0.2 `input-schema`; http-forward
 /// derives it from its `Input` type) has every booking, timer, queue task and change
 /// checked against it: one that does not fit is a 400 `invalid_input` naming the JSON
-/// path, and nothing of it is stored. A schema that is not JSON Schema fails the upload.
+/// path, and nothing of it is stored. A schema that is not JSON Schema, or is over 64 KiB,
+/// fails the upload.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_input_that_does_not_fit_the_plugins_schema_is_refused_at_booking_and_stores_nothing() {
     let (redis, sink, _host, api) = start().await;
@@ -1726,6 +1727,21 @@ async fn an_input_that_does_not_fit_the_plugins_schema_is_refused_at_booking_and
         "{reply:#}"
     );
     let (status, _) = api.get("/plugins/bad-schema").await;
+    assert_eq!(status, 404);
+    // Nor one larger than 64 KiB, which every booking would have to be checked against.
+    let (status, reply) = api
+        .put_wasm("/plugins/huge-schema", plugin_wasm("huge-schema"))
+        .await;
+    assert_eq!(status, 400, "{reply:#}");
+    assert_eq!(reply["error"]["code"], "invalid_plugin");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("more than the 65536 allowed"),
+        "{reply:#}"
+    );
+    let (status, _) = api.get("/plugins/huge-schema").await;
     assert_eq!(status, 404);
 }
 
