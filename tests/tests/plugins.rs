@@ -1745,6 +1745,37 @@ async fn an_input_that_does_not_fit_the_plugins_schema_is_refused_at_booking_and
     assert_eq!(status, 404);
 }
 
+/// A component whose `input-schema` export never returns (`plugins/testing/slow-schema`
+/// spins) is stopped after the 5 s bound on that call, though its upload asks for a
+/// 10 s `timeout`, and refused; nothing is stored and the host serves on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upload_whose_input_schema_never_answers_is_stopped_after_5_s_and_refused() {
+    let (_redis, _sink, _host, api) = start().await;
+    let began = std::time::Instant::now();
+    let (status, reply) = api
+        .put_wasm(
+            "/plugins/slow-schema?timeout=10s",
+            plugin_wasm("slow-schema"),
+        )
+        .await;
+    let took = began.elapsed();
+    assert_eq!(status, 400, "{reply:#}");
+    assert_eq!(reply["error"]["code"], "invalid_plugin");
+    assert!(
+        reply["error"]["message"].as_str().unwrap().contains(
+            "its input-schema export failed: plugin upload ran past its 5000 ms deadline"
+        ),
+        "{reply:#}"
+    );
+    // Stopped at the 5 s bound, not at the upload's 10 s.
+    assert!(took >= Duration::from_secs(5), "{took:?}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    let (status, _) = api.get("/plugins/slow-schema").await;
+    assert_eq!(status, 404);
+    let (status, plugins) = api.get("/plugins").await;
+    assert_eq!(status, 200, "{plugins:#}");
+}
+
 /// A component built for version 0.1.0 of the WIT package (no `input-schema` export,
 /// `plugins/testing/legacy-v01`, made with wit-bindgen directly) still uploads, takes any
 /// input, and runs.
