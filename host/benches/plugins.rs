@@ -8,6 +8,12 @@
 //!   local sink, one at a time.
 //!
 //! It starts its own redis-server (the registry lives there) on a free port.
+//!
+//! For looking into the HTTP rows: `KAIROS_BENCH_HTTP_ONLY=1` skips the no-op rows,
+//! `KAIROS_BENCH_CURRENT_THREAD=1` runs everything (sink included) on one thread, with
+//! no wake-ups between threads, and `KAIROS_BENCH_ONLY=hook` or `=plugin` makes only
+//! that kind of call (both rows then show it), so that `perf stat --no-inherit` counts
+//! one kind's syscalls and CPU.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -98,11 +104,18 @@ fn ctx() -> InvokeContext {
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let runtime = if std::env::var_os("KAIROS_BENCH_CURRENT_THREAD").is_some() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
     runtime.block_on(run());
 }
 
@@ -194,6 +207,9 @@ async fn run() {
         ],
     };
     for (keep, pagemap) in settings {
+        if std::env::var_os("KAIROS_BENCH_HTTP_ONLY").is_some() {
+            break;
+        }
         let plugins = make_runtime(keep, pagemap);
         noop_rows(&plugins, keep, pagemap).await;
     }
@@ -243,7 +259,25 @@ async fn run() {
     }
     let mut plugin_times = Vec::with_capacity(n);
     let mut hook_times = Vec::with_capacity(n);
+    let only = std::env::var("KAIROS_BENCH_ONLY").unwrap_or_default();
     for _ in 0..n {
+        if only == "hook" {
+            let t = Instant::now();
+            assert!(webhook.call(&action, &call_ctx).await.is_success());
+            hook_times.push(t.elapsed());
+            plugin_times.push(t.elapsed());
+            continue;
+        }
+        if only == "plugin" {
+            let t = Instant::now();
+            let r = plugins
+                .invoke_loaded(&fwd, &fwd_meta, &ctx(), &fwd_input)
+                .await;
+            assert!(r.result.is_ok());
+            plugin_times.push(t.elapsed());
+            hook_times.push(t.elapsed());
+            continue;
+        }
         let t = Instant::now();
         let r = plugins
             .invoke_loaded(&fwd, &fwd_meta, &ctx(), &fwd_input)
