@@ -9,7 +9,9 @@
 //! by a queue with no rate or concurrency limit) and `cpu` (Redis CPU per fire: claim,
 //! start and finish of 100,000 Plans, booking excluded, from `INFO cpu` and
 //! `INFO commandstats`) and `idempotency` (plain bookings, with an `Idempotency-Key`, and
-//! debounced, alternated). Pass section names to run only some; `KAIROS_BIN` picks the
+//! debounced, alternated) and `memory` (Redis bytes per pending item and per finished
+//! Life, then `memory-shapes`: what other key shapes would cost, on their own too). Pass
+//! section names to run only some; `KAIROS_BIN` picks the
 //! kairos binary (to measure another build against the same client).
 
 use std::process::Command;
@@ -770,6 +772,9 @@ async fn main() {
     if args.iter().any(|a| a == "memory") {
         bench_memory().await;
     }
+    if args.iter().any(|a| a == "memory-shapes") {
+        bench_memory_shapes().await;
+    }
     if args.iter().any(|a| a == "plugin-first-fire") {
         bench_plugin_first_fire().await;
     }
@@ -994,6 +999,166 @@ async fn bench_memory() {
         "| point booking, small action, **finished** and kept as history (20,000 fired) | {} | {} |",
         row[0], row[1]
     );
+    println!();
+    bench_memory_shapes().await;
+}
+
+/// What a pending point booking would cost in other key shapes (issue 17's 300 B): the
+/// same 100,000 Lives written straight to a Redis at `hash-max-listpack-value 1024`, with
+/// the same small action, in today's shape and in ones with fewer keys and shorter names.
+/// No kairos runs: this measures Redis's cost of each shape, the floor a layout can reach.
+async fn bench_memory_shapes() {
+    println!("## Redis bytes per pending point booking, by key shape (100,000, no kairos)\n");
+    println!("| shape | bytes per Life |");
+    println!("|---|---|");
+    type Shape = fn(&mut redis::Pipeline, &str, i64, &str);
+    let shapes: [(&str, Shape); 6] = [
+        (
+            "today's: Life hash, Plan hash, `due` and `lives` entries",
+            |p, id, at, action| {
+                p.hset_multiple(
+                    format!("kairos:{{s4.10}}:life:{id}"),
+                    &[
+                        ("schedule_type", "point".to_string()),
+                        ("state", "Inexistent".to_string()),
+                        ("birth_at_ms", at.to_string()),
+                        ("created_at_ms", (at - 86_400_000).to_string()),
+                    ],
+                )
+                .hset_multiple(
+                    format!("kairos:{{s4.10}}:plan:{id}:birth"),
+                    &[
+                        ("state", "Standby".to_string()),
+                        ("fire_at_ms", at.to_string()),
+                        ("action", action.to_string()),
+                    ],
+                )
+                .zadd("kairos:{s4.10}:due", format!("{id}:birth"), at)
+                .zadd("kairos:{s4.10}:lives", format!("{at:013}:{id}"), 0);
+            },
+        ),
+        (
+            "the Plan's fields folded into the Life's hash (`b.state`, ...), `due`, `lives`",
+            |p, id, at, action| {
+                folded(p, &format!("kairos:{{s4.10}}:life:{id}"), at, action);
+                p.zadd("kairos:{s4.10}:due", format!("{id}:birth"), at)
+                    .zadd("kairos:{s4.10}:lives", format!("{at:013}:{id}"), 0);
+            },
+        ),
+        ("folded, and no `lives` index", |p, id, at, action| {
+            folded(p, &format!("kairos:{{s4.10}}:life:{id}"), at, action);
+            p.zadd("kairos:{s4.10}:due", format!("{id}:birth"), at);
+        }),
+        (
+            "folded, no `lives`, one-letter key parts and field names",
+            |p, id, at, action| {
+                p.hset_multiple(
+                    format!("k:{{s4}}:L:{id}"),
+                    &[
+                        ("t", "p".to_string()),
+                        ("s", "I".to_string()),
+                        ("b", at.to_string()),
+                        ("c", (at - 86_400_000).to_string()),
+                        ("bs", "S".to_string()),
+                        ("ba", action.to_string()),
+                    ],
+                )
+                .zadd("k:{s4}:due", format!("{id}:b"), at);
+            },
+        ),
+        (
+            "as above, the id as 16 raw bytes in the key and the `due` member",
+            |p, id, at, action| {
+                let raw = uuid_bytes(id);
+                let mut key = b"k:{s4}:L:".to_vec();
+                key.extend_from_slice(&raw);
+                p.hset_multiple(
+                    key,
+                    &[
+                        ("t", "p".to_string()),
+                        ("s", "I".to_string()),
+                        ("b", at.to_string()),
+                        ("c", (at - 86_400_000).to_string()),
+                        ("bs", "S".to_string()),
+                        ("ba", action.to_string()),
+                    ],
+                )
+                .zadd("k:{s4}:due", raw.to_vec(), at);
+            },
+        ),
+        (
+            "only the Life's hash (short names), no sorted-set entry at all",
+            |p, id, at, action| {
+                p.hset_multiple(
+                    format!("k:{{s4}}:L:{id}"),
+                    &[
+                        ("t", "p".to_string()),
+                        ("s", "I".to_string()),
+                        ("b", at.to_string()),
+                        ("c", (at - 86_400_000).to_string()),
+                        ("bs", "S".to_string()),
+                        ("ba", action.to_string()),
+                    ],
+                );
+            },
+        ),
+    ];
+    fn folded(p: &mut redis::Pipeline, key: &str, at: i64, action: &str) {
+        p.hset_multiple(
+            key,
+            &[
+                ("schedule_type", "point".to_string()),
+                ("state", "Inexistent".to_string()),
+                ("birth_at_ms", at.to_string()),
+                ("created_at_ms", (at - 86_400_000).to_string()),
+                ("b.state", "Standby".to_string()),
+                ("b.action", action.to_string()),
+            ],
+        );
+    }
+    fn uuid_bytes(id: &str) -> [u8; 16] {
+        let hex: String = id.chars().filter(|c| *c != '-').collect();
+        let mut out = [0u8; 16];
+        for (i, byte) in out.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+        }
+        out
+    }
+    let count = 100_000;
+    let base = now_ms() + 86_400_000;
+    for (label, shape) in shapes {
+        let redis = RedisServer::start_with_fsync("everysec");
+        set_listpack_limit(&redis, "1024").await;
+        let mut conn = redis.conn().await;
+        let write = |from: usize, to: usize| {
+            let mut pipe = redis::pipe();
+            for i in from..to {
+                let id = format!("7f{:06x}-0000-4000-8000-{:012x}", i / 4096, i);
+                let action =
+                    json!({"path": "/hook", "method": "POST", "body": {"n": i}}).to_string();
+                shape(&mut pipe, &id, base + i as i64, &action);
+            }
+            pipe.ignore();
+            pipe
+        };
+        // The first 2,000 create the sorted sets.
+        let _: () = write(count, count + 2_000)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let before = used_memory(&redis).await;
+        for from in (0..count).step_by(10_000) {
+            let _: () = write(from, from + 10_000)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+        let after = used_memory(&redis).await;
+        println!(
+            "| {label} | {:.0} B |",
+            (after - before) as f64 / count as f64
+        );
+    }
     println!();
 }
 
