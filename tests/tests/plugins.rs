@@ -612,6 +612,62 @@ async fn a_plugin_in_use_is_not_deleted_unless_forced() {
     );
 }
 
+/// The Lives that use a plugin are counted a page of a shard's `plugin-lives` set at a
+/// time (SSCAN), so that a plugin with very many never holds Redis long at once: 40
+/// waiting Lives among 3,000 members of Lives long gone are all counted, the gone ones
+/// are forgotten, and the count took several pages.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugins_users_are_counted_page_by_page() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[("--shards", "1")]));
+    let api = Api::new(&host);
+    upload_plugin(&api, "noop", "noop", "").await;
+    for i in 0..40 {
+        let id = format!("7f000000-0000-4000-8000-{:012}", 900 + i);
+        book(
+            &api,
+            &plugin_point(&id, now_ms() + 3_600_000, "noop", json!(null)),
+        )
+        .await;
+    }
+    let set = redis.cli(&["--scan", "--pattern", "kairos:{s0*}:plugin-lives:noop"]);
+    let set = set.trim().trim_matches('"');
+    assert!(set.starts_with("kairos:{s0"), "{set}");
+    let gone: Vec<String> = (0..3_000)
+        .map(|i| format!("7e000000-0000-4000-8000-{i:012}"))
+        .collect();
+    let mut sadd = vec!["SADD", set];
+    sadd.extend(gone.iter().map(String::as_str));
+    assert!(redis.cli(&sadd).contains("3000"));
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+
+    let (status, plugin) = api.get("/plugins/noop").await;
+    assert_eq!(status, 200, "{plugin:#}");
+    assert_eq!(plugin["unfinished_lives"], 40, "{plugin:#}");
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let sscans: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_sscan:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(sscans >= 3, "{stats}");
+    assert!(redis.cli(&["SCARD", set]).contains("40"));
+    let (status, list) = api.get("/plugins").await;
+    assert_eq!(status, 200);
+    assert_eq!(list["plugins"][0]["unfinished_lives"], 40, "{list:#}");
+    let (status, reply) = api.delete("/plugins/noop").await;
+    assert_eq!(status, 409, "{reply:#}");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("40 unfinished"),
+        "{reply:#}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timers_and_queue_tasks_run_plugin_actions() {
     let (_redis, sink, _host, api) = start().await;
