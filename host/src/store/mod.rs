@@ -363,18 +363,25 @@ pub const PLUGIN_USERS_PAGE: usize = 1_000;
 /// The most pages `plugin_users` reads a shard in: ten million Lives.
 const MAX_PLUGIN_USERS_PAGES: usize = 10_000;
 
-/// A Life's uuid as a number (16 bytes to remember where its text takes 36 and more);
-/// anything else (no member should be) by the first 16 bytes of its SHA-256.
+/// A Life's id as a number, to count each once in 16 bytes: a uuid as written by kairos
+/// (lowercase, with dashes) is its own number; any other id a client chose (up to 64
+/// letters, digits, `-`, `_`) is the first 16 bytes of its SHA-256, so that two ids that
+/// differ only in case or dashes stay two.
 fn life_id_number(id: &str) -> u128 {
-    let hex: String = id.chars().filter(|c| *c != '-').collect();
-    match u128::from_str_radix(&hex, 16) {
-        Ok(n) if hex.len() == 32 => n,
-        _ => {
-            use sha2::Digest;
-            let digest = sha2::Sha256::digest(id.as_bytes());
-            u128::from_be_bytes(digest[..16].try_into().expect("16 bytes"))
+    let canonical = id.len() == 36
+        && id.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => matches!(c, '0'..='9' | 'a'..='f'),
+        });
+    if canonical {
+        let hex: String = id.chars().filter(|c| *c != '-').collect();
+        if let Ok(n) = u128::from_str_radix(&hex, 16) {
+            return n;
         }
     }
+    use sha2::Digest;
+    let digest = sha2::Sha256::digest(id.as_bytes());
+    u128::from_be_bytes(digest[..16].try_into().expect("16 bytes"))
 }
 
 /// Most time a booking waits for its replicas (`WAIT`) before it is answered 503.
@@ -548,7 +555,16 @@ impl Store {
                 let mut timers = Vec::new();
                 // SSCAN comes back to cursor 0 after one pass over the set; the bound
                 // only guards against a set that grows faster than it is read.
-                for _ in 0..MAX_PLUGIN_USERS_PAGES {
+                for page in 0..=MAX_PLUGIN_USERS_PAGES {
+                    if page == MAX_PLUGIN_USERS_PAGES {
+                        tracing::warn!(
+                            plugin = name,
+                            shard,
+                            counted = lives.len(),
+                            "stopped counting a plugin's Lives after {MAX_PLUGIN_USERS_PAGES} pages; the count is a lower bound"
+                        );
+                        break;
+                    }
                     let (next, ids, names): (String, Vec<String>, Vec<String>) = self
                         .scripts
                         .plugin_users
@@ -1036,8 +1052,17 @@ mod tests {
         let odd = life_id_number("not-a-uuid");
         assert_eq!(odd, life_id_number("not-a-uuid"));
         assert_ne!(odd, life_id_number("not-a-uuie"));
-        // 32 hex digits with no dashes would read as a uuid; 33 do not fit.
-        assert_ne!(life_id_number(&"f".repeat(33)), u128::MAX);
+        // Ids a client chose that read as the same hex are two ids.
+        let a = "a".repeat(32);
+        assert_ne!(life_id_number(&a), life_id_number(&a.to_uppercase()));
+        assert_ne!(
+            life_id_number("7F000000-0000-4000-8000-000000000A01"),
+            life_id_number("7f000000-0000-4000-8000-000000000a01")
+        );
+        assert_ne!(
+            life_id_number("7f00000000004000-8000-000000000a01"),
+            life_id_number("7f000000-0000-4000-8000-000000000a01")
+        );
     }
 
     #[test]
