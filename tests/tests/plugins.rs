@@ -657,6 +657,45 @@ async fn a_plugins_users_are_counted_page_by_page() {
     let (status, list) = api.get("/plugins").await;
     assert_eq!(status, 200);
     assert_eq!(list["plugins"][0]["unfinished_lives"], 40, "{list:#}");
+
+    // Timers are read a page at a time too: 2,500 in the shard's index, 25 of which name
+    // the plugin (written straight into Redis, as many timers would be).
+    let prefix = set.trim_end_matches("plugin-lives:noop");
+    let mut conn = redis.conn().await;
+    let mut pipe = redis::pipe();
+    let mut using = Vec::new();
+    for i in 0..2_500 {
+        let name = format!("t{i:04}");
+        pipe.zadd(format!("{prefix}timers"), &name, 0).ignore();
+        let action = if i % 100 == 7 {
+            using.push(name.clone());
+            json!({"plugin": "noop", "input": null})
+        } else {
+            json!({"path": "/x"})
+        };
+        pipe.hset(
+            format!("{prefix}timer:{name}"),
+            "action",
+            action.to_string(),
+        )
+        .ignore();
+    }
+    let _: () = pipe.query_async(&mut conn).await.unwrap();
+    redis.cli(&["CONFIG", "RESETSTAT"]);
+    let (_, plugin) = api.get("/plugins/noop").await;
+    assert_eq!(plugin["timers"], json!(using), "{plugin:#}");
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let pages: u64 = stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_zrangebylex:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(pages >= 3, "{stats}");
+    for name in &using {
+        redis.cli(&["DEL", &format!("{prefix}timer:{name}")]);
+        redis.cli(&["ZREM", &format!("{prefix}timers"), name]);
+    }
     let (status, reply) = api.delete("/plugins/noop").await;
     assert_eq!(status, 409, "{reply:#}");
     assert!(

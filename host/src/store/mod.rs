@@ -357,10 +357,10 @@ pub struct Store {
     memory: Arc<MemoryState>,
 }
 
-/// Members of a shard's `plugin-lives:{name}` set one `plugin_users` call reads
-/// (SSCAN's COUNT): a few hundred microseconds of Redis at a time.
+/// Members of a shard's `plugin-lives:{name}` set (SSCAN's COUNT), or timers, one
+/// `plugin_users` call reads: a few hundred microseconds of Redis at a time.
 pub const PLUGIN_USERS_PAGE: usize = 1_000;
-/// The most pages `plugin_users` reads a shard in: ten million Lives.
+/// The most pages `plugin_users` reads of a shard's Lives, or of its timers: ten million.
 const MAX_PLUGIN_USERS_PAGES: usize = 10_000;
 
 /// A Life's id as a number, to count each once in 16 bytes: a uuid as written by kairos
@@ -541,47 +541,54 @@ impl Store {
     /// Who uses one plugin across every shard: the number of unfinished Lives booked
     /// with it, and the names of the timers whose action names it (for `GET` and
     /// `DELETE /plugins/{name}`), read inside Redis: no timer is shipped to the host.
-    /// A shard's Lives are read a page of [`PLUGIN_USERS_PAGE`] at a time, so that a
-    /// plugin with very many Lives never holds Redis for long at once.
+    /// A shard's Lives, then its timers, are read a page of [`PLUGIN_USERS_PAGE`] at a
+    /// time, so that a plugin with very many Lives (or a shard with very many timers)
+    /// never holds Redis for long at once.
     pub async fn plugin_users(&self, name: &str) -> Result<(u64, Vec<String>), ApiError> {
         let counts = (0..self.shard_count()).map(|shard| {
             let k = self.shard(shard);
             let mut conn = self.conn();
             async move {
-                let mut cursor = "0".to_string();
                 // SSCAN may return a member twice (when the set is resized between two
                 // pages): each Life counts once.
                 let mut lives = std::collections::HashSet::new();
                 let mut timers = Vec::new();
-                // SSCAN comes back to cursor 0 after one pass over the set; the bound
-                // only guards against a set that grows faster than it is read.
-                for page in 0..=MAX_PLUGIN_USERS_PAGES {
-                    if page == MAX_PLUGIN_USERS_PAGES {
-                        tracing::warn!(
-                            plugin = name,
-                            shard,
-                            counted = lives.len(),
-                            "stopped counting a plugin's Lives after {MAX_PLUGIN_USERS_PAGES} pages; the count is a lower bound"
-                        );
-                        break;
+                for (what, first) in [("lives", "0"), ("timers", "-")] {
+                    let mut cursor = first.to_string();
+                    // A pass ends when the cursor comes back '0'; the bound only guards
+                    // against a set that grows faster than it is read.
+                    for page in 0..=MAX_PLUGIN_USERS_PAGES {
+                        if page == MAX_PLUGIN_USERS_PAGES {
+                            tracing::warn!(
+                                plugin = name,
+                                shard,
+                                what,
+                                "stopped reading a plugin's users after {MAX_PLUGIN_USERS_PAGES} pages; the count is a lower bound"
+                            );
+                            break;
+                        }
+                        let (next, found): (String, Vec<String>) = self
+                            .scripts
+                            .plugin_users
+                            .key(k.plugin_lives(name))
+                            .key(k.timers())
+                            .arg(&k.prefix)
+                            .arg(name)
+                            .arg(what)
+                            .arg(&cursor)
+                            .arg(PLUGIN_USERS_PAGE)
+                            .invoke_async(&mut conn)
+                            .await?;
+                        if what == "lives" {
+                            lives.extend(found.iter().map(|id| life_id_number(id)));
+                        } else {
+                            timers.extend(found);
+                        }
+                        if next == "0" {
+                            break;
+                        }
+                        cursor = next;
                     }
-                    let (next, ids, names): (String, Vec<String>, Vec<String>) = self
-                        .scripts
-                        .plugin_users
-                        .key(k.plugin_lives(name))
-                        .key(k.timers())
-                        .arg(&k.prefix)
-                        .arg(name)
-                        .arg(&cursor)
-                        .arg(PLUGIN_USERS_PAGE)
-                        .invoke_async(&mut conn)
-                        .await?;
-                    lives.extend(ids.iter().map(|id| life_id_number(id)));
-                    timers.extend(names);
-                    if next == "0" {
-                        break;
-                    }
-                    cursor = next;
                 }
                 Ok::<_, redis::RedisError>((lives.len() as u64, timers))
             }
