@@ -266,6 +266,18 @@ impl RedisServer {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// How many times Redis ran `command` (lowercase) since its stats were last reset
+    /// (`CONFIG RESETSTAT`), inside scripts too, from `INFO commandstats`; 0 if never.
+    pub fn command_calls(&self, command: &str) -> u64 {
+        let prefix = format!("cmdstat_{command}:calls=");
+        self.cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    }
+
     pub async fn conn(&self) -> redis::aio::MultiplexedConnection {
         redis::Client::open(self.url())
             .unwrap()

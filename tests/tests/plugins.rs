@@ -21,6 +21,23 @@ fn allow_sink(sink: &Sink) -> String {
     format!("allowed_hosts=127.0.0.1:{}", sink.addr.port())
 }
 
+/// Uploads `plugins/…/{wasm}` to `path` and checks that it is refused with 400
+/// `invalid_plugin`, a message containing `fragment`, and nothing stored under `name`.
+async fn assert_upload_refused(api: &Api, name: &str, path: &str, wasm: &str, fragment: &str) {
+    let (status, reply) = api.put_wasm(path, plugin_wasm(wasm)).await;
+    assert_eq!(status, 400, "{reply:#}");
+    assert_eq!(reply["error"]["code"], "invalid_plugin");
+    assert!(
+        reply["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(fragment),
+        "{reply:#}"
+    );
+    let (status, _) = api.get(&format!("/plugins/{name}")).await;
+    assert_eq!(status, 404);
+}
+
 fn plugin_point(uuid: &str, at_ms: i64, plugin: &str, input: Value) -> Value {
     point(uuid, at_ms, json!({"plugin": plugin, "input": input}))
 }
@@ -645,14 +662,8 @@ async fn a_plugins_users_are_counted_page_by_page() {
     let (status, plugin) = api.get("/plugins/noop").await;
     assert_eq!(status, 200, "{plugin:#}");
     assert_eq!(plugin["unfinished_lives"], 40, "{plugin:#}");
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    let sscans: u64 = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_sscan:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(sscans >= 3, "{stats}");
+    let sscans = redis.command_calls("sscan");
+    assert!(sscans >= 3, "{sscans} sscan calls");
     assert_eq!(redis.cli(&["SCARD", set]).trim(), "(integer) 40");
     let (status, list) = api.get("/plugins").await;
     assert_eq!(status, 200);
@@ -684,14 +695,8 @@ async fn a_plugins_users_are_counted_page_by_page() {
     redis.cli(&["CONFIG", "RESETSTAT"]);
     let (_, plugin) = api.get("/plugins/noop").await;
     assert_eq!(plugin["timers"], json!(using), "{plugin:#}");
-    let stats = redis.cli(&["INFO", "commandstats"]);
-    let pages: u64 = stats
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_zrangebylex:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
-    assert!(pages >= 3, "{stats}");
+    let pages = redis.command_calls("zrangebylex");
+    assert!(pages >= 3, "{pages} zrangebylex calls");
     for name in &using {
         redis.cli(&["DEL", &format!("{prefix}timer:{name}")]);
         redis.cli(&["ZREM", &format!("{prefix}timers"), name]);
@@ -1809,35 +1814,23 @@ async fn an_input_that_does_not_fit_the_plugins_schema_is_refused_at_booking_and
     );
 
     // A declared schema that is not JSON Schema: the upload is refused, nothing stored.
-    let (status, reply) = api
-        .put_wasm("/plugins/bad-schema", plugin_wasm("bad-schema"))
-        .await;
-    assert_eq!(status, 400, "{reply:#}");
-    assert_eq!(reply["error"]["code"], "invalid_plugin");
-    assert!(
-        reply["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("input-schema is not a usable JSON Schema"),
-        "{reply:#}"
-    );
-    let (status, _) = api.get("/plugins/bad-schema").await;
-    assert_eq!(status, 404);
+    assert_upload_refused(
+        &api,
+        "bad-schema",
+        "/plugins/bad-schema",
+        "bad-schema",
+        "input-schema is not a usable JSON Schema",
+    )
+    .await;
     // Nor one larger than 64 KiB, which every booking would have to be checked against.
-    let (status, reply) = api
-        .put_wasm("/plugins/huge-schema", plugin_wasm("huge-schema"))
-        .await;
-    assert_eq!(status, 400, "{reply:#}");
-    assert_eq!(reply["error"]["code"], "invalid_plugin");
-    assert!(
-        reply["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("more than the 65536 allowed"),
-        "{reply:#}"
-    );
-    let (status, _) = api.get("/plugins/huge-schema").await;
-    assert_eq!(status, 404);
+    assert_upload_refused(
+        &api,
+        "huge-schema",
+        "/plugins/huge-schema",
+        "huge-schema",
+        "more than the 65536 allowed",
+    )
+    .await;
 }
 
 /// A component whose `input-schema` export never returns (`plugins/testing/slow-schema`
@@ -1847,26 +1840,19 @@ async fn an_input_that_does_not_fit_the_plugins_schema_is_refused_at_booking_and
 async fn an_upload_whose_input_schema_never_answers_is_stopped_after_5_s_and_refused() {
     let (_redis, _sink, _host, api) = start().await;
     let began = std::time::Instant::now();
-    let (status, reply) = api
-        .put_wasm(
-            "/plugins/slow-schema?timeout=10s",
-            plugin_wasm("slow-schema"),
-        )
-        .await;
+    assert_upload_refused(
+        &api,
+        "slow-schema",
+        "/plugins/slow-schema?timeout=10s",
+        "slow-schema",
+        "its input-schema export failed: plugin upload ran past its 5000 ms deadline",
+    )
+    .await;
+    // Stopped at the 5 s bound, not at the upload's 10 s (the 404 check after it is
+    // one quick GET).
     let took = began.elapsed();
-    assert_eq!(status, 400, "{reply:#}");
-    assert_eq!(reply["error"]["code"], "invalid_plugin");
-    assert!(
-        reply["error"]["message"].as_str().unwrap().contains(
-            "its input-schema export failed: plugin upload ran past its 5000 ms deadline"
-        ),
-        "{reply:#}"
-    );
-    // Stopped at the 5 s bound, not at the upload's 10 s.
     assert!(took >= Duration::from_secs(5), "{took:?}");
     assert!(took < Duration::from_secs(10), "{took:?}");
-    let (status, _) = api.get("/plugins/slow-schema").await;
-    assert_eq!(status, 404);
     let (status, plugins) = api.get("/plugins").await;
     assert_eq!(status, 200, "{plugins:#}");
     assert_eq!(plugins["plugins"], json!([]), "{plugins:#}");

@@ -1052,18 +1052,8 @@ async fn bench_memory_shapes() {
         (
             "folded, no `lives`, one-letter key parts and field names",
             |p, id, at, action| {
-                p.hset_multiple(
-                    format!("k:{{s4}}:L:{id}"),
-                    &[
-                        ("t", "p".to_string()),
-                        ("s", "I".to_string()),
-                        ("b", at.to_string()),
-                        ("c", (at - 86_400_000).to_string()),
-                        ("bs", "S".to_string()),
-                        ("ba", action.to_string()),
-                    ],
-                )
-                .zadd("k:{s4}:due", format!("{id}:b"), at);
+                short_named(p, format!("k:{{s4}}:L:{id}"), at, action);
+                p.zadd("k:{s4}:due", format!("{id}:b"), at);
             },
         ),
         (
@@ -1072,37 +1062,36 @@ async fn bench_memory_shapes() {
                 let raw = uuid_bytes(id);
                 let mut key = b"k:{s4}:L:".to_vec();
                 key.extend_from_slice(&raw);
-                p.hset_multiple(
-                    key,
-                    &[
-                        ("t", "p".to_string()),
-                        ("s", "I".to_string()),
-                        ("b", at.to_string()),
-                        ("c", (at - 86_400_000).to_string()),
-                        ("bs", "S".to_string()),
-                        ("ba", action.to_string()),
-                    ],
-                )
-                .zadd("k:{s4}:due", raw.to_vec(), at);
+                short_named(p, key, at, action);
+                p.zadd("k:{s4}:due", raw.to_vec(), at);
             },
         ),
         (
             "only the Life's hash (short names), no sorted-set entry at all",
             |p, id, at, action| {
-                p.hset_multiple(
-                    format!("k:{{s4}}:L:{id}"),
-                    &[
-                        ("t", "p".to_string()),
-                        ("s", "I".to_string()),
-                        ("b", at.to_string()),
-                        ("c", (at - 86_400_000).to_string()),
-                        ("bs", "S".to_string()),
-                        ("ba", action.to_string()),
-                    ],
-                );
+                short_named(p, format!("k:{{s4}}:L:{id}"), at, action);
             },
         ),
     ];
+    /// The folded Life's hash with one- and two-letter field names.
+    fn short_named(
+        p: &mut redis::Pipeline,
+        key: impl redis::ToSingleRedisArg,
+        at: i64,
+        action: &str,
+    ) {
+        p.hset_multiple(
+            key,
+            &[
+                ("t", "p".to_string()),
+                ("s", "I".to_string()),
+                ("b", at.to_string()),
+                ("c", (at - 86_400_000).to_string()),
+                ("bs", "S".to_string()),
+                ("ba", action.to_string()),
+            ],
+        );
+    }
     fn folded(p: &mut redis::Pipeline, key: &str, at: i64, action: &str) {
         p.hset_multiple(
             key,
