@@ -31,9 +31,10 @@ enum Command {
     /// Run a host: the REST API, the scheduler and the workers. Without --redis-url it
     /// starts a redis-server of its own under --data-dir.
     Serve(Box<ServeArgs>),
-    /// Bring a keyspace written by kairos before shards over to the sharded layout, in
-    /// place, on its standalone Redis (stop every host first; safe to run again if cut
-    /// off). See docs/operations.md.
+    /// Bring a keyspace written by an earlier kairos over to this version's layout, in
+    /// place: before shards (layout 1, on its standalone Redis) or with a hash per Plan
+    /// (layout 2). Stop every host first; safe to run again if cut off. See
+    /// docs/operations.md.
     Migrate(MigrateArgs),
     /// Where an object's keys are in Redis: its shard and the prefix of its keys, to
     /// read them with redis-cli (no server needed).
@@ -200,7 +201,20 @@ async fn run() -> anyhow::Result<()> {
             )
             .await
             .map_err(anyhow::Error::msg)?;
-            if report.migrated {
+            if report.migrated && report.folded_lives > 0 {
+                println!(
+                    "folded the Plans of {} Lives into their Lives' hashes ({} shards, layout {})",
+                    report.folded_lives,
+                    report.shards,
+                    kairos::store::LAYOUT
+                );
+            } else if report.migrated && report.lives == 0 && report.timers == 0 {
+                println!(
+                    "the keyspace is in layout {} now ({} shards); it had no Lives to fold",
+                    kairos::store::LAYOUT,
+                    report.shards
+                );
+            } else if report.migrated {
                 println!(
                     "migrated into {} shards: {} Lives, {} timers, {} queues with {} tasks, {} tombstones, {} plugin registry keys; {} Plans a stopped host still held went back to their due sets",
                     report.shards,
@@ -214,7 +228,7 @@ async fn run() -> anyhow::Result<()> {
                 );
             } else {
                 println!(
-                    "the keyspace is in the sharded layout already ({} shards); nothing to do",
+                    "the keyspace is in this version's layout already ({} shards); nothing to do",
                     report.shards
                 );
             }

@@ -107,10 +107,11 @@ string_enum! {
     }
 }
 
-/// What a Plan does when it fires. Stored in the Plan hash as compact JSON: a plugin
-/// action is told apart by its `plugin` field, and zero defaults are left out, so that a
-/// small action stays under Redis's `hash-max-listpack-value` (64 bytes by default) and
-/// the Plan hash keeps the compact listpack encoding.
+/// What a Plan does when it fires. Stored in its Plan's fields (a Life's hash, or a
+/// timer's or task's Plan hash) as compact JSON: a plugin action is told apart by its
+/// `plugin` field, and zero defaults are left out, so that a small action stays under
+/// Redis's `hash-max-listpack-value` (64 bytes by default) and the hash keeps the compact
+/// listpack encoding.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
 pub enum Action {

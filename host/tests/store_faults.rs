@@ -151,7 +151,7 @@ async fn a_start_retried_after_its_reply_was_lost_gets_the_applied_answer() {
     );
     let mut conn = redis.conn().await;
     let attempts: String = conn
-        .hget(key(&store, "plan:p1:birth"), "attempts")
+        .hget(key(&store, "life:p1"), "b.attempts")
         .await
         .unwrap();
     assert_eq!(attempts, "1");
@@ -335,7 +335,6 @@ async fn claim_numbers_are_never_used_twice_for_a_plan_created_again() {
     // again under the same id.
     let _: () = redis::cmd("DEL")
         .arg(key(&store, "life:again"))
-        .arg(key(&store, "plan:again:birth"))
         .arg(key(&store, "lives"))
         .query_async(&mut conn)
         .await
@@ -518,11 +517,7 @@ async fn a_late_birth_that_may_have_reached_its_target_is_followed_by_its_death(
     lapse(&redis, &store).await;
     let gen2 = own(&store, "h2").await;
     let _: () = conn
-        .hset(
-            key(&store, "plan:cut:birth"),
-            "fire_at_ms",
-            now_ms() - 600_000,
-        )
+        .hset(key(&store, "life:cut"), "b.fire_at_ms", now_ms() - 600_000)
         .await
         .unwrap();
     let _: () = conn

@@ -1373,6 +1373,28 @@ impl RedisServer {
         total
     }
 
+    /// A field of any Plan in shard `k` (a Life's Plans are fields of its hash:
+    /// `ShardKeys::plan_field`); None when it is not there.
+    pub async fn plan_field(
+        &self,
+        k: &kairos::store::ShardKeys,
+        plan_id: &str,
+        field: &str,
+    ) -> Option<String> {
+        let (key, field) = k.plan_field(plan_id, field);
+        redis::cmd("HGET")
+            .arg(key)
+            .arg(field)
+            .query_async(&mut self.conn().await)
+            .await
+            .expect("HGET answers")
+    }
+
+    /// Whether a Plan exists in shard `k` (every Plan has a `state`).
+    pub async fn plan_exists(&self, k: &kairos::store::ShardKeys, plan_id: &str) -> bool {
+        self.plan_field(k, plan_id, "state").await.is_some()
+    }
+
     /// Plans held (claimed, Preset or Running) in the shards `host` owns.
     pub async fn held_by(&self, host: &str) -> i64 {
         let mut conn = self.conn().await;

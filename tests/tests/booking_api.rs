@@ -203,8 +203,8 @@ async fn every_row_of_the_validation_table_refuses_and_stores_nothing() {
     let pointer = usize::from(ks.life("t8").index != ks.resource("conn-42").index);
     assert_eq!(
         key_count(&redis).await,
-        before + 3 + pointer,
-        "t8 adds its life and 2 plans (the resource index exists); the refusals add nothing"
+        before + 1 + pointer,
+        "t8 adds one key, its Life with its Plans' fields (the resource index exists); the refusals add nothing"
     );
 }
 
@@ -333,10 +333,8 @@ async fn routes_book_list_show_patch_and_cancel() {
     let mut conn = redis.conn().await;
     let ks = redis.keyspace().await;
     let even = ks.resource("even");
-    let fire: String = conn
-        .hget(even.plan("l0:death"), "fire_at_ms")
-        .await
-        .unwrap();
+    let (key, field) = even.plan_field("l0:death", "fire_at_ms");
+    let fire: String = conn.hget(key, field).await.unwrap();
     assert_eq!(fire, "1893549600000");
     // Moving the birth re-scores the due set.
     let (status, _) = api
@@ -742,8 +740,7 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
     let mut conn = redis.conn().await;
     let ks = redis.keyspace().await;
     let mut lives: Vec<String> = Vec::new();
-    let (mut due, mut index, mut birth_plans, mut death_plans, mut resources) =
-        (Vec::new(), Vec::new(), 0, 0, 0);
+    let (mut due, mut index, mut resources) = (Vec::new(), Vec::new(), 0);
     for k in ks.shards() {
         let p = &k.prefix;
         let keys: Vec<String> = conn.keys(format!("{p}life:*")).await.unwrap();
@@ -752,15 +749,12 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
         due.extend(d);
         let i: Vec<String> = conn.zrange(k.lives(), 0, -1).await.unwrap();
         index.extend(i);
-        let b: Vec<String> = conn.keys(format!("{p}plan:*:birth")).await.unwrap();
-        birth_plans += b.len();
-        let d: Vec<String> = conn.keys(format!("{p}plan:*:death")).await.unwrap();
-        death_plans += d.len();
+        // A Life's Plans are fields of its hash: no key of their own.
+        let plans: Vec<String> = conn.keys(format!("{p}plan:*")).await.unwrap();
+        assert_eq!(plans, Vec::<String>::new());
         let r: Vec<String> = conn.keys(format!("{p}resource:*")).await.unwrap();
         resources += r.len();
     }
-    assert_eq!(lives.len(), birth_plans);
-    assert_eq!(lives.len(), death_plans);
     assert_eq!(lives.len(), due.len());
     assert_eq!(lives.len(), index.len());
     assert_eq!(lives.len(), resources);
@@ -803,12 +797,10 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
             in_resource.is_some(),
             "{id} missing from its resource index"
         );
-        let birth: std::collections::HashMap<String, String> = conn
-            .hgetall(format!("{prefix}plan:{id}:birth"))
-            .await
-            .unwrap();
-        assert_eq!(birth.get("state").map(String::as_str), Some("Standby"));
-        assert!(birth.contains_key("action"));
+        assert_eq!(life.get("b.state").map(String::as_str), Some("Standby"));
+        assert!(life.contains_key("b.action"));
+        assert_eq!(life.get("d.state").map(String::as_str), Some("Standby"));
+        assert!(life.contains_key("d.action"));
     }
     eprintln!(
         "{} bookings in Redis, {} acknowledged before the kill; each is whole",

@@ -1,8 +1,9 @@
-//! `kairos migrate` on a keyspace written by the build before shards (kept under
-//! `tests/fixtures/preshard`: its RDB and what that build's API answered for each
-//! object): a host of this build refuses the old keyspace with a clear message; after the
-//! migration every Life, timer, queue, task and plugin reads back as before, nothing of
-//! the old layout is left, a second run changes nothing, and the migrated Plans fire.
+//! `kairos migrate` on keyspaces written by earlier builds, each kept under
+//! `tests/fixtures/` as its RDB and what that build's API answered for each object:
+//! `preshard` (layout 1, before shards) and `layout2` (sharded, a hash per Plan, written
+//! by 6afb7f3 with `layout2/capture.sh`). A host of this build refuses the old keyspace
+//! with a clear message; after the migration every object reads back as before, nothing
+//! of the old layout is left, a second run changes nothing, and the migrated Plans fire.
 
 use std::time::Duration;
 
@@ -10,7 +11,11 @@ use kairos_e2e::*;
 use serde_json::{json, Value};
 
 fn fixture(name: &str) -> String {
-    std::fs::read_to_string(fixtures_dir().join("preshard").join(name)).unwrap()
+    fixture_of("preshard", name)
+}
+
+fn fixture_of(dir: &str, name: &str) -> String {
+    std::fs::read_to_string(fixtures_dir().join(dir).join(name)).unwrap()
 }
 
 /// A timer's fields that do not move with time (next_run does once its slot passes).
@@ -163,4 +168,128 @@ fn includes(now: &Value, before: &Value) -> bool {
         }
         _ => now == before,
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_with_a_hash_per_plan_is_folded_into_one_hash_per_life() {
+    let redis = RedisServer::start_from_rdb(&fixtures_dir().join("layout2/dump.rdb"));
+    let sink = Sink::start().await;
+    let plan_keys = |redis: &RedisServer| -> Vec<String> {
+        redis
+            .cli(&["--scan", "--pattern", "kairos:{*}:plan:*"])
+            .lines()
+            .map(|k| k.trim_matches('"').to_string())
+            .filter(|k| k.ends_with(":birth") || k.ends_with(":death"))
+            .collect()
+    };
+    // The fixture is what that build wrote: a hash for each of the 9 Plans of 7 Lives.
+    assert_eq!(plan_keys(&redis).len(), 9);
+
+    let (code, _, err) = kairos_command(&[
+        "serve",
+        "--redis-url",
+        &redis.url(),
+        "--listen",
+        &format!("127.0.0.1:{}", free_port()),
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("layout 2") && err.contains("kairos migrate"),
+        "{err}"
+    );
+
+    let out = migrate(&redis);
+    assert!(
+        out.contains("folded the Plans of 7 Lives into their Lives' hashes (32 shards, layout 3)"),
+        "{out}"
+    );
+    assert_eq!(plan_keys(&redis), Vec::<String>::new());
+    assert_eq!(
+        redis.cli(&["HGET", "kairos:meta", "layout"]).trim(),
+        "\"3\""
+    );
+    let again = migrate(&redis);
+    assert!(again.contains("nothing to do"), "{again}");
+
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--schedule-history-duration-days", "36500")]),
+    );
+    let api = Api::new(&host);
+    // Every Life reads back exactly as that build showed it: fields, Plans, history.
+    for line in fixture_of("layout2", "lives.jsonl").lines() {
+        let old: Value = serde_json::from_str(line).unwrap();
+        let id = old["life"].as_str().unwrap();
+        let (status, view) = api.get(&format!("/schedules/{id}")).await;
+        assert_eq!(status, 200, "{id}: {view}");
+        assert_eq!(view, old["view"], "{id} reads back otherwise");
+    }
+    let (_, list) = api.get("/schedules?limit=100").await;
+    let old_list: Value = serde_json::from_str(&fixture_of("layout2", "list.json")).unwrap();
+    assert_eq!(list, old_list);
+    // A timer's and a task's Plans keep their own hashes, untouched.
+    for (path, file) in [
+        ("/timers", "timers.json"),
+        ("/queues/mail/tasks", "mail-tasks.json"),
+    ] {
+        let (status, now) = api.get(path).await;
+        assert_eq!(status, 200, "{path}: {now}");
+        let before: Value = serde_json::from_str(&fixture_of("layout2", file)).unwrap();
+        assert!(
+            includes(&now, &before),
+            "{path} reads back otherwise:\nnow {now:#}\nbefore {before:#}"
+        );
+    }
+
+    // The folded Plans are live. A pending point moved to now fires once.
+    let soon = now_ms() + 1_500;
+    let (status, reply) = api
+        .patch(
+            "/schedules/pend-res",
+            &json!({"birth_time": rfc3339_ms(soon)}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    // An Alive term cancelled: its death runs now, to the path booked for it.
+    let (status, reply) = api.delete("/schedules/alive-term").await;
+    assert_eq!(status, 200, "{reply}");
+    let got = sink
+        .wait_until(
+            "pend-res's birth and alive-term's death",
+            Duration::from_secs(10),
+            |got| {
+                got.iter()
+                    .any(|r| r.header("x-kairos-life") == Some("pend-res"))
+                    && got
+                        .iter()
+                        .any(|r| r.header("x-kairos-life") == Some("alive-term"))
+            },
+        )
+        .await;
+    let off: Vec<_> = got
+        .iter()
+        .filter(|r| r.header("x-kairos-life") == Some("alive-term"))
+        .collect();
+    assert_eq!(off.len(), 1);
+    assert_eq!(off[0].path, "/off");
+    let dead = api
+        .wait_life("alive-term", Duration::from_secs(5), |l| {
+            l["state"] == "Dead"
+        })
+        .await;
+    assert_eq!(dead["plans"][1]["state"], "Done", "{dead:#}");
+    // The resource guard reads the folded Lives: pend-term still holds conn-2.
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &json!({"life_uuid": "clash", "schedule_type": "term", "resource_id": "conn-2",
+                    "birth_time": "2030-06-01 10:30:00", "death_time": "2030-06-01 11:00:00",
+                    "birth": {"path": "/x", "method": "POST"}, "death": {"path": "/y", "method": "POST"}}),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (409, Some("resource_conflict")),
+        "{reply}"
+    );
 }

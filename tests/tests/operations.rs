@@ -74,8 +74,8 @@ async fn traces(
     let mut out = vec![
         (k.life(id), exists(redis, &k.life(id)).await),
         (
-            k.plan(&format!("{id}:birth")),
-            exists(redis, &k.plan(&format!("{id}:birth"))).await,
+            format!("{id}'s birth Plan"),
+            redis.plan_exists(&k, &format!("{id}:birth")).await,
         ),
         (
             format!("lives member {}", lives_member(birth_ms, id)),
@@ -253,7 +253,7 @@ async fn finished_lives_are_swept_after_retention_with_all_their_keys() {
         assert!(present, "{what} must exist while the Life is retained");
     }
     let tm_shard = shard_of(&redis, tm, Some("res-term")).await;
-    assert!(exists(&redis, &tm_shard.plan(&format!("{tm}:death"))).await);
+    assert!(redis.plan_exists(&tm_shard, &format!("{tm}:death")).await);
     assert_eq!(
         sink.received().len(),
         3,
@@ -314,7 +314,7 @@ async fn finished_lives_are_swept_after_retention_with_all_their_keys() {
             assert!(!present, "{what} is left after the sweep");
         }
         let k = shard_of(&redis, id, Some(rid)).await;
-        assert!(!exists(&redis, &k.plan(&format!("{id}:death"))).await);
+        assert!(!redis.plan_exists(&k, &format!("{id}:death")).await);
         assert!(zscore(&redis, &k.due(), &format!("{id}:birth"))
             .await
             .is_none());

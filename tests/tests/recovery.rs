@@ -57,15 +57,15 @@ async fn a_live_host_hands_back_plans_it_holds_but_lost_track_of() {
         let plan = format!("{id}:birth");
         let _: () = conn.zrem(k.due(), &plan).await.unwrap();
         let _: () = redis::cmd("HSET")
-            .arg(k.plan(&plan))
+            .arg(k.life(id))
             .arg(&[
-                "state",
+                "b.state",
                 state,
-                "lease_owner",
+                "b.lease_owner",
                 &host.host_id,
-                "claims",
+                "b.claims",
                 "7",
-                "fire_at_ms",
+                "b.fire_at_ms",
                 &past.to_string(),
             ])
             .query_async(&mut conn)
@@ -75,8 +75,8 @@ async fn a_live_host_hands_back_plans_it_holds_but_lost_track_of() {
     }
     let _: () = conn
         .hset(
-            ks.life("orphan-running").plan("orphan-running:birth"),
-            "attempts",
+            ks.life("orphan-running").life("orphan-running"),
+            "b.attempts",
             1,
         )
         .await

@@ -275,7 +275,7 @@ async fn patch_moves_the_death_of_an_alive_life() {
         .await;
     // The death Plan is pending (Standby in `due`, or Preset: claimed in the look-ahead).
     let k = redis.keyspace().await.life(id).clone();
-    let dstate = hget(&redis, &k.plan(&format!("{id}:death")), "state").await;
+    let dstate = redis.plan_field(&k, &format!("{id}:death"), "state").await;
     assert!(
         matches!(dstate.as_deref(), Some("Standby" | "Preset")),
         "{dstate:?}"
@@ -378,7 +378,6 @@ async fn a_run_ending_after_its_life_was_swept_leaves_no_zombie() {
     let k = redis.keyspace().await.life(id).clone();
     let _: () = redis::cmd("DEL")
         .arg(k.life(id))
-        .arg(k.plan(&format!("{id}:birth")))
         .query_async(&mut conn)
         .await
         .unwrap();
@@ -428,7 +427,8 @@ async fn guard_a_plan_waiting_for_its_resource_runs_once_when_it_frees() {
         sink.received_for(id).is_empty(),
         "ran while an earlier Plan of its resource was unfinished"
     );
-    let claims_while_waiting = hget(&redis, &k.plan(&format!("{id}:birth")), "claims")
+    let claims_while_waiting = redis
+        .plan_field(&k, &format!("{id}:birth"), "claims")
         .await
         .unwrap();
     let _: () = redis::cmd("ZREM")
@@ -444,7 +444,7 @@ async fn guard_a_plan_waiting_for_its_resource_runs_once_when_it_frees() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(sink.received_for(id).len(), 1, "{life:#}");
     assert_eq!(
-        hget(&redis, &k.plan(&format!("{id}:birth")), "claims").await,
+        redis.plan_field(&k, &format!("{id}:birth"), "claims").await,
         Some(claims_while_waiting),
         "the waiting Plan stayed with its host under one claim"
     );

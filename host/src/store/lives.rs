@@ -73,6 +73,29 @@ fn parse_pointer(value: &str) -> Option<(u32, i64)> {
     Some((shard.parse().ok()?, ms.parse().ok()?))
 }
 
+/// Splits a Life's hash into its own fields and its birth and death Plans' (`b.` and `d.`
+/// fields, the prefix taken off); each Plan present gets the Life's `resource_id`.
+fn split_plans(hash: Hash) -> (Hash, Hash, Hash) {
+    let (mut life, mut birth, mut death) = (Hash::new(), Hash::new(), Hash::new());
+    for (field, value) in hash {
+        if let Some(name) = field.strip_prefix("b.") {
+            birth.insert(name.to_string(), value);
+        } else if let Some(name) = field.strip_prefix("d.") {
+            death.insert(name.to_string(), value);
+        } else {
+            life.insert(field, value);
+        }
+    }
+    if let Some(rid) = life.get("resource_id") {
+        for plan in [&mut birth, &mut death] {
+            if !plan.is_empty() {
+                plan.insert("resource_id".into(), rid.clone());
+            }
+        }
+    }
+    (life, birth, death)
+}
+
 impl Store {
     /// The shard a Life is stored in: the shard of its resource, or its home shard.
     pub fn life_shard(&self, life: &NewLife) -> u32 {
@@ -149,7 +172,6 @@ impl Store {
         invocation
             .key(k.debounce(key))
             .key(k.life(&uuid))
-            .key(k.plan_of(&uuid, PlanKind::Birth))
             .key(k.due())
             .key(k.lives());
         for name in plugin_names(&life) {
@@ -238,8 +260,6 @@ impl Store {
             .unwrap_or_default();
         invocation
             .key(k.life(uuid))
-            .key(k.plan_of(uuid, PlanKind::Birth))
-            .key(k.plan_of(uuid, PlanKind::Death))
             .key(k.due())
             .key(k.lives())
             .key(k.resource(rid));
@@ -430,20 +450,20 @@ impl Store {
             .filter(|&s| s < self.shard_count()))
     }
 
-    /// A Life's hash and its Plans' hashes, from wherever it is.
+    /// A Life's fields and its Plans' (the Life's `b.` and `d.` fields, without the
+    /// prefix, each with the Life's `resource_id`), from wherever it is.
     async fn life_hashes(&self, uuid: &str) -> Result<Option<(u32, Hash, Hash, Hash)>, ApiError> {
         let home = self.placement.home(uuid);
         let mut shard = home;
         for _ in 0..2 {
             let k = self.shard(shard);
-            let (life, birth, death, pointer): (Hash, Hash, Hash, Option<String>) = redis::pipe()
+            let (life, pointer): (Hash, Option<String>) = redis::pipe()
                 .hgetall(k.life(uuid))
-                .hgetall(k.plan_of(uuid, PlanKind::Birth))
-                .hgetall(k.plan_of(uuid, PlanKind::Death))
                 .get(k.pointer(uuid))
                 .query_async(&mut self.conn())
                 .await?;
             if !life.is_empty() {
+                let (life, birth, death) = split_plans(life);
                 return Ok(Some((shard, life, birth, death)));
             }
             match pointer.as_deref().and_then(parse_pointer) {
@@ -525,8 +545,6 @@ impl Store {
         let mut invocation = self.scripts.patch.prepare_invoke();
         invocation
             .key(k.life(uuid))
-            .key(k.plan_of(uuid, PlanKind::Birth))
-            .key(k.plan_of(uuid, PlanKind::Death))
             .key(k.due())
             .key(k.lives())
             .key(k.resource(current.resource_id.as_deref().unwrap_or("")))
@@ -601,8 +619,6 @@ impl Store {
             .scripts
             .cancel
             .key(k.life(uuid))
-            .key(k.plan_of(uuid, PlanKind::Birth))
-            .key(k.plan_of(uuid, PlanKind::Death))
             .key(k.due())
             .arg(&k.prefix)
             .arg(uuid)

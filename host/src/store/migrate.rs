@@ -1,6 +1,8 @@
-//! `kairos migrate`: brings a keyspace written before shards (every key under
-//! `{prefix}:`, one slot per key) over to the sharded layout, on the standalone Redis it
-//! lives in, with every host stopped.
+//! `kairos migrate`: brings a keyspace of an earlier layout over to this version's, with
+//! every host stopped. Layout 1 (before shards: every key under `{prefix}:`, one slot per
+//! key) moves into the shards, on the standalone Redis it lives in. Layout 2 (sharded,
+//! each Plan of a Life a hash of its own) has each Life's Plans folded into the Life's
+//! hash, in place, on a standalone Redis or a cluster ([`Migration::fold_plans`]).
 //!
 //! Each object moves whole in one script call (`scripts/migrate.lua`): a Life with its
 //! Plans and index entries, a timer, a queue's hash and indexes, each task, each
@@ -21,6 +23,9 @@ const BATCH: isize = 500;
 /// What a migration moved.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct MigrateReport {
+    /// Layout 2 to 3: the Lives whose Plans were folded into their hash. The other
+    /// counts are of a migration from layout 1 (which folds as it moves).
+    pub folded_lives: u64,
     pub lives: u64,
     pub timers: u64,
     pub queues: u64,
@@ -30,7 +35,7 @@ pub struct MigrateReport {
     /// Plans a host of the old version still held, handed back.
     pub handed_back: u64,
     pub shards: u32,
-    /// False when the keyspace was in the sharded layout already.
+    /// False when the keyspace was in this version's layout already.
     pub migrated: bool,
 }
 
@@ -43,48 +48,73 @@ pub async fn migrate(
     force: bool,
 ) -> Result<MigrateReport, String> {
     let target = Target::parse(url)?;
-    if target.is_cluster() {
-        return Err("a keyspace written before shards lives on one redis-server: migrate it there (then move it to a cluster with `redis-cli --cluster import` if you like)".into());
-    }
     let conn = Conn::open(&target)
         .await
         .map_err(|e| format!("cannot connect to Redis at {url}: {e}"))?;
     let keys = Keys::new(key_prefix);
     let scripts = Arc::new(Scripts::load());
     let mut c = conn.clone();
-    let meta: bool = redis::cmd("EXISTS")
+    let meta: (Option<u32>, Option<u32>) = redis::cmd("HMGET")
         .arg(keys.meta())
+        .arg("layout")
+        .arg("shards")
         .query_async(&mut c)
         .await
         .map_err(|e| e.to_string())?;
-    if meta {
-        let count = open_layout(&conn, &keys, &scripts, shards)
-            .await
-            .map_err(|e| e.to_string())?;
-        return Ok(MigrateReport {
-            shards: count,
-            ..Default::default()
-        });
+    match meta {
+        (Some(2), Some(count)) => {
+            if !force {
+                no_live_hosts(&keys, &mut c).await?;
+            }
+            let store = Store::with_shards(
+                conn,
+                target,
+                key_prefix,
+                chrono_tz::UTC,
+                count,
+                scripts.clone(),
+            );
+            let mut m = Migration {
+                store: &store,
+                old: keys.prefix.clone(),
+                report: MigrateReport {
+                    shards: count,
+                    migrated: true,
+                    ..Default::default()
+                },
+            };
+            m.fold_plans()
+                .await
+                .map_err(|e| format!("migration stopped: {e}; run it again to go on"))?;
+            let _: () = redis::cmd("HSET")
+                .arg(keys.meta())
+                .arg("layout")
+                .arg(LAYOUT)
+                .query_async(&mut c)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(m.report);
+        }
+        (None, None) => {}
+        _ => {
+            let count = open_layout(&conn, &keys, &scripts, shards)
+                .await
+                .map_err(|e| e.to_string())?;
+            return Ok(MigrateReport {
+                shards: count,
+                ..Default::default()
+            });
+        }
+    }
+    if target.is_cluster() {
+        return Err("a keyspace written before shards lives on one redis-server: migrate it there (then move it to a cluster with `redis-cli --cluster import` if you like)".into());
     }
     let count = shards.unwrap_or(super::DEFAULT_SHARDS);
     if !(1..=super::MAX_SHARDS).contains(&count) {
         return Err(format!("--shards must be 1 to {}", super::MAX_SHARDS));
     }
     if !force {
-        let now = chrono::Utc::now().timestamp_millis();
-        let live: Vec<String> = redis::cmd("ZRANGEBYSCORE")
-            .arg(keys.hosts())
-            .arg(now)
-            .arg("+inf")
-            .query_async(&mut c)
-            .await
-            .map_err(|e| e.to_string())?;
-        if !live.is_empty() {
-            return Err(format!(
-                "hosts of the earlier version are alive ({}): stop them all first (or wait for their leases to run out), or pass --force",
-                live.join(", ")
-            ));
-        }
+        no_live_hosts(&keys, &mut c).await?;
     }
     let store = Store::with_shards(
         conn,
@@ -122,6 +152,25 @@ pub async fn migrate(
         ));
     }
     Ok(m.report)
+}
+
+/// Refuses while a host of the earlier version is alive (listed in `hosts`).
+async fn no_live_hosts(keys: &Keys, conn: &mut Conn) -> Result<(), String> {
+    let now = chrono::Utc::now().timestamp_millis();
+    let live: Vec<String> = redis::cmd("ZRANGEBYSCORE")
+        .arg(keys.hosts())
+        .arg(now)
+        .arg("+inf")
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
+    if live.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "hosts of the earlier version are alive ({}): stop them all first (or wait for their leases to run out), or pass --force",
+        live.join(", ")
+    ))
 }
 
 struct Migration<'a> {
@@ -282,6 +331,36 @@ impl Migration<'_> {
                 let _: () = self
                     .cmd(redis::cmd("ZREM").arg(self.old("lives")).arg(member))
                     .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Layout 2 to 3: in every shard, each Life's Plan hashes (`plan:{uuid}:{kind}`)
+    /// become fields of the Life's hash (`scripts/migrate.lua`, mode `fold`). The Lives
+    /// are read from each shard's `lives` index a page at a time; a Life folded already
+    /// has no Plan hash left and is passed over, so a run cut off is finished by the next.
+    async fn fold_plans(&mut self) -> RedisResult<()> {
+        for shard in 0..self.store.shard_count() {
+            let lives = self.store.shard(shard).lives();
+            for page in 0..100_000_000 / BATCH {
+                let members: Vec<String> = self
+                    .cmd(
+                        redis::cmd("ZRANGE")
+                            .arg(&lives)
+                            .arg(page * BATCH)
+                            .arg(page * BATCH + BATCH - 1),
+                    )
+                    .await?;
+                for member in &members {
+                    let uuid = member.split_once(':').map(|(_, u)| u).unwrap_or(member);
+                    if self.object(shard, "fold", uuid, &[]).await? {
+                        self.report.folded_lives += 1;
+                    }
+                }
+                if (members.len() as isize) < BATCH {
+                    break;
+                }
             }
         }
         Ok(())

@@ -8,7 +8,8 @@
 //! The keyspace is split into `S` logical shards (`shards.rs`): every key of shard `i`
 //! is under `{prefix}:{tag_i}:`, one Redis Cluster slot, and every script touches one
 //! shard. Keys of one shard:
-//! - `life:{uuid}` (hash): a Life. `plan:{uuid}:{birth|death}` (hash): a Plan.
+//! - `life:{uuid}` (hash): a Life, with its Plans' fields (`b.state`, `d.fire_at_ms`, ...;
+//!   `ShardKeys::plan_field`), so that a Life is one key.
 //! - `due` (sorted set, score = fire time in epoch ms): Plans waiting to be claimed.
 //! - `lives` (sorted set, all scores 0, member `{birth_ms:013}:{uuid}`): the shard's
 //!   Lives by birth time; listing merges the shards' indexes.
@@ -60,8 +61,9 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::model::{PlanKind, RunOpts};
 
-/// The layout this code reads and writes (`meta.layout`).
-pub const LAYOUT: u32 = 2;
+/// The layout this code reads and writes (`meta.layout`): 1 had no shards, 2 a hash per
+/// Plan, 3 a Life's Plans folded into its hash.
+pub const LAYOUT: u32 = 3;
 /// Shards of a keyspace created without `--shards`.
 pub const DEFAULT_SHARDS: u32 = 32;
 /// Most shards a keyspace may have.
@@ -983,6 +985,12 @@ async fn open_layout(
         .arg(chrono::Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true))
         .invoke_async(&mut conn)
         .await?;
+    if layout == Some(2) {
+        return Err(OpenError::Layout(format!(
+            "the keyspace under `{}` was written by an earlier kairos (layout 2, a hash per Plan): stop its hosts, then run `kairos migrate` once to fold each Life's Plans into its hash (layout {LAYOUT})",
+            keys.prefix
+        )));
+    }
     if layout != Some(LAYOUT) {
         return Err(OpenError::Layout(format!(
             "the keyspace under `{}` has layout {layout:?}; this kairos reads layout {LAYOUT} only",

@@ -167,7 +167,7 @@ impl Store {
     }
 
     /// Plans held in a shard with a fire time before `before_ms` (at most `limit`), each
-    /// with its current claim number ('' when the Plan hash is gone).
+    /// with its current claim number ('' when the Plan is gone).
     pub async fn held_due_before(
         &self,
         shard: u32,
@@ -190,7 +190,8 @@ impl Store {
         }
         let mut pipe = redis::pipe();
         for id in &ids {
-            pipe.hget(k.plan(id), "claims");
+            let (key, field) = k.plan_field(id, "claims");
+            pipe.hget(key, field);
         }
         let claims: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
         Ok(ids

@@ -145,11 +145,25 @@ impl ShardKeys {
     pub fn idempotency(&self, key: &str) -> String {
         self.key(format_args!("idem:{key}"))
     }
+    /// The hash of a timer's or a task's Plan (`{name}:timer`, `{queue}/{task}:task`). A
+    /// Life's Plans have none: their fields are in the Life's hash ([`Self::plan_field`]).
     pub fn plan(&self, plan_id: &str) -> String {
+        debug_assert!(
+            plan_field_prefix(plan_id).is_none(),
+            "a Life's Plan `{plan_id}` has no hash of its own"
+        );
         self.key(format_args!("plan:{plan_id}"))
     }
-    pub fn plan_of(&self, uuid: &str, kind: crate::model::PlanKind) -> String {
-        self.key(format_args!("plan:{uuid}:{}", kind.as_str()))
+    /// The key and field name of a field of any Plan: for a Life's Plan
+    /// (`{uuid}:birth`, `{uuid}:death`) the Life's hash and `b.{field}` or `d.{field}`
+    /// (`resource_id` is the Life's own), else the Plan's own hash (`plan_of` in
+    /// scripts/common.lua).
+    pub fn plan_field(&self, plan_id: &str, field: &str) -> (String, String) {
+        match plan_field_prefix(plan_id) {
+            Some((uuid, _)) if field == "resource_id" => (self.life(uuid), field.to_string()),
+            Some((uuid, prefix)) => (self.life(uuid), format!("{prefix}{field}")),
+            None => (self.key(format_args!("plan:{plan_id}")), field.to_string()),
+        }
     }
     /// Pub/sub channel: a Plan of this shard became due within the look-ahead window.
     pub fn notify(&self) -> String {
@@ -246,6 +260,17 @@ impl ShardKeys {
     }
 }
 
+/// The Life and field prefix of a Life's Plan id (`{uuid}:birth` → `b.`, `{uuid}:death`
+/// → `d.`); None for a timer's or a task's.
+pub fn plan_field_prefix(plan_id: &str) -> Option<(&str, &'static str)> {
+    let (uuid, kind) = plan_id.rsplit_once(':')?;
+    match kind {
+        "birth" => Some((uuid, "b.")),
+        "death" => Some((uuid, "d.")),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,6 +291,33 @@ mod tests {
         let tag = &keys.prefix["kairos:{".len()..keys.prefix.len() - 2];
         assert_eq!(keys.slot(), slot_of(tag));
         assert!((1536..2048).contains(&keys.slot()));
+    }
+
+    #[test]
+    fn a_lifes_plan_fields_are_in_the_lifes_hash() {
+        let k = ShardKeys::new("kairos", 3, 32);
+        let life = k.life("6f69");
+        assert_eq!(
+            k.plan_field("6f69:birth", "state"),
+            (life.clone(), "b.state".to_string())
+        );
+        assert_eq!(
+            k.plan_field("6f69:death", "fire_at_ms"),
+            (life.clone(), "d.fire_at_ms".to_string())
+        );
+        // A Plan's resource is its Life's.
+        assert_eq!(
+            k.plan_field("6f69:death", "resource_id"),
+            (life, "resource_id".to_string())
+        );
+        // An id may hold colons; only the last part is the kind.
+        assert_eq!(plan_field_prefix("a:b:birth"), Some(("a:b", "b.")));
+        for other in ["nightly:timer", "mail/t1:task"] {
+            assert_eq!(
+                k.plan_field(other, "state"),
+                (format!("{}plan:{other}", k.prefix), "state".to_string())
+            );
+        }
     }
 
     #[test]

@@ -1005,7 +1005,8 @@ async fn bench_memory() {
 
 /// What a pending point booking would cost in other key shapes (issue 17's 300 B): the
 /// same 100,000 Lives written straight to a Redis at `hash-max-listpack-value 1024`, with
-/// the same small action, in today's shape and in ones with fewer keys and shorter names.
+/// the same small action, in layout 2's and today's shapes and in ones with fewer keys and
+/// shorter names.
 /// No kairos runs: this measures Redis's cost of each shape, the floor a layout can reach.
 async fn bench_memory_shapes() {
     println!("## Redis bytes per pending point booking, by key shape (100,000, no kairos)\n");
@@ -1014,7 +1015,7 @@ async fn bench_memory_shapes() {
     type Shape = fn(&mut redis::Pipeline, &str, i64, &str);
     let shapes: [(&str, Shape); 6] = [
         (
-            "today's: Life hash, Plan hash, `due` and `lives` entries",
+            "layout 2: Life hash, Plan hash, `due` and `lives` entries",
             |p, id, at, action| {
                 p.hset_multiple(
                     format!("kairos:{{s4.10}}:life:{id}"),
@@ -1038,7 +1039,7 @@ async fn bench_memory_shapes() {
             },
         ),
         (
-            "the Plan's fields folded into the Life's hash (`b.state`, ...), `due`, `lives`",
+            "layout 3 (today's): the Plan's fields folded into the Life's hash (`b.state`, ...), `due`, `lives`",
             |p, id, at, action| {
                 folded(p, &format!("kairos:{{s4.10}}:life:{id}"), at, action);
                 p.zadd("kairos:{s4.10}:due", format!("{id}:birth"), at)

@@ -4,7 +4,7 @@
 -- moved to now (it runs at once). With force: every pending Plan is cancelled and the
 -- Life ends without running anything more (Stillbirth before birth, Dead after) — unless
 -- a Plan is running: then 'running' (409), try again when it returns.
--- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due
+-- KEYS: 1 life (with its Plans' fields: plan_of in common.lua), 2 due
 -- ARGV: 1 prefix, 2 uuid, 3 now_ms, 4 force (1/0), 5 notify_before_ms
 -- Returns {'ok', new_state} | {'missing'} | {'finished', state} | {'running'}
 local uuid, now_ms, force = ARGV[2], ARGV[3], ARGV[4] == '1'
@@ -14,7 +14,7 @@ if not state then return {'missing'} end
 if state == 'Dead' or state == 'Stillbirth' or state == 'Invalidated' then
   return {'finished', state}
 end
-local bstate = redis.call('HGET', KEYS[2], 'state')
+local bstate = pget(plan_of(uuid .. ':birth'), 'state')
 -- Invariant: a Life is never finished while one of its Plans runs, so that a run in
 -- progress can always move its own Life on. Force therefore never touches a Running
 -- Plan either.
@@ -33,7 +33,8 @@ if state == 'Inexistent' then
   return {'ok', 'Stillbirth'}
 end
 -- Alive
-local dstate = redis.call('HGET', KEYS[3], 'state')
+local death = plan_of(uuid .. ':death')
+local dstate = pget(death, 'state')
 if dstate == 'Running' then
   if force then return {'running'} end
   -- The death is under way already; a failure retries it as usual.
@@ -46,8 +47,8 @@ if force then
   return {'ok', 'Dead'}
 end
 redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'updated_at_ms', now_ms)
-release_claim(KEYS[3], uuid .. ':death')
-redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', now_ms)
-redis.call('ZADD', KEYS[4], now_ms, uuid .. ':death')
+release_claim(uuid .. ':death')
+pset(death, 'state', 'Standby', 'fire_at_ms', now_ms)
+redis.call('ZADD', KEYS[2], now_ms, uuid .. ':death')
 notify_if_soon(now_ms, ARGV[5])
 return {'ok', 'Alive'}

@@ -8,6 +8,52 @@ local PREFIX = ARGV[1]
 local function plan_key(plan_id) return PREFIX .. 'plan:' .. plan_id end
 local function life_key(uuid) return PREFIX .. 'life:' .. uuid end
 
+-- Where a Plan's fields are. A Life's Plans (`{uuid}:birth`, `{uuid}:death`) are fields
+-- of the Life's own hash, named with `b.` and `d.` in front (`b.state`, `d.fire_at_ms`),
+-- so that a Life is one key; their `resource_id` is the Life's own field. A timer's or a
+-- task's Plan is a hash of its own, `plan:{id}`, with plain names. Scripts read and
+-- write a Plan through the p* helpers below, never by its key, so they need not know
+-- which.
+local function plan_of(plan_id)
+  local kind = string.match(plan_id, ':(%a+)$')
+  if kind == 'birth' or kind == 'death' then
+    return {k = life_key(string.sub(plan_id, 1, -(#kind + 2))), p = string.sub(kind, 1, 1) .. '.'}
+  end
+  return {k = plan_key(plan_id), p = ''}
+end
+
+local function pfield(pl, name)
+  if pl.p == '' or name == 'resource_id' then return name end
+  return pl.p .. name
+end
+
+local function pnames(pl, ...)
+  local out = {...}
+  if pl.p ~= '' then
+    for i = 1, #out do out[i] = pfield(pl, out[i]) end
+  end
+  return out
+end
+
+local function pget(pl, name) return redis.call('HGET', pl.k, pfield(pl, name)) end
+local function pmget(pl, ...) return redis.call('HMGET', pl.k, unpack(pnames(pl, ...))) end
+local function pdel(pl, ...) return redis.call('HDEL', pl.k, unpack(pnames(pl, ...))) end
+
+-- HSET of field/value pairs.
+local function pset(pl, ...)
+  local args = {...}
+  if pl.p ~= '' then
+    for i = 1, #args, 2 do args[i] = pfield(pl, args[i]) end
+  end
+  return redis.call('HSET', pl.k, unpack(args))
+end
+
+-- Whether the Plan exists (every Plan has a `state`).
+local function pexists(pl)
+  if pl.p == '' then return redis.call('EXISTS', pl.k) == 1 end
+  return redis.call('HEXISTS', pl.k, pl.p .. 'state') == 1
+end
+
 -- The member of {prefix}:lives for a Life: zero-padded birth ms, ':', uuid, so that
 -- ZRANGEBYLEX lists Lives by birth time and a member is an exact pagination cursor.
 local function lives_member(birth_ms, uuid)
@@ -18,8 +64,8 @@ end
 -- Takes a Plan back from the host that holds it in memory. The holder's timer entry
 -- then fails the fencing check of start_run (state or claim number differ) and is
 -- dropped, so a Plan moved by PATCH or DELETE never fires at its old time.
-local function release_claim(pk, plan_id)
-  if redis.call('HDEL', pk, 'lease_owner') == 1 then
+local function release_claim(plan_id)
+  if pdel(plan_of(plan_id), 'lease_owner') == 1 then
     redis.call('ZREM', PREFIX .. 'held', plan_id)
   end
 end
@@ -103,8 +149,8 @@ local function order_key(rid) return PREFIX .. 'order:' .. rid end
 
 -- RID is the Plan's resource_id when the caller has read it already (false: it has none);
 -- left out, it is read here.
-local function leave_order(pk, plan_id, rid)
-  if rid == nil then rid = redis.call('HGET', pk, 'resource_id') end
+local function leave_order(plan_id, rid)
+  if rid == nil then rid = pget(plan_of(plan_id), 'resource_id') end
   if rid then redis.call('ZREM', order_key(rid), plan_id) end
 end
 
@@ -120,13 +166,13 @@ end
 
 -- Cancels a Plan that has not run (Standby or Preset); a Plan in any other state is left.
 local function cancel_plan(plan_id)
-  local pk = plan_key(plan_id)
-  local state = redis.call('HGET', pk, 'state')
+  local pl = plan_of(plan_id)
+  local state = pget(pl, 'state')
   if state == 'Standby' or state == 'Preset' then
-    release_claim(pk, plan_id)
+    release_claim(plan_id)
     redis.call('ZREM', PREFIX .. 'due', plan_id)
-    redis.call('HSET', pk, 'state', 'Cancelled')
-    leave_order(pk, plan_id)
+    pset(pl, 'state', 'Cancelled')
+    leave_order(plan_id)
   end
 end
 
@@ -168,8 +214,7 @@ local function book_callback(uuid, action, of, now_ms, notify_before_ms)
   redis.call('HSET', lk, 'schedule_type', 'point', 'state', 'Inexistent', 'birth_at_ms', now_ms,
     'created_at_ms', now_ms, 'callback_of', of)
   census(nil, 'Inexistent')
-  redis.call('HSET', plan_key(uuid .. ':birth'), 'state', 'Standby', 'fire_at_ms', now_ms,
-    'action', action)
+  pset(plan_of(uuid .. ':birth'), 'state', 'Standby', 'fire_at_ms', now_ms, 'action', action)
   redis.call('ZADD', PREFIX .. 'due', now_ms, uuid .. ':birth')
   redis.call('ZADD', PREFIX .. 'lives', 0, lives_member(now_ms, uuid))
   local ok, a = pcall(cjson.decode, action)
@@ -236,9 +281,9 @@ local function wake_key(queue, ck, n, notify_before_ms)
 end
 
 -- A task leaves whichever waiting set holds it (deleted, purged, or run by hand).
-local function leave_waiting(queue, plan_id, pk)
+local function leave_waiting(queue, plan_id)
   redis.call('ZREM', waiting_key(queue), plan_id)
-  local ck = redis.call('HGET', pk, 'ck')
+  local ck = pget(plan_of(plan_id), 'ck')
   if ck then
     local wk = key_waiting_key(queue, ck)
     if redis.call('ZREM', wk, plan_id) == 1 then forget_idle_key(queue, ck, wk) end
@@ -273,9 +318,8 @@ end
 -- late birth that may have been delivered is still followed by its death (start_run).
 -- The caller removes moved Plans from `held`.
 local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
-  local pk = plan_key(plan_id)
-  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'fire_at_ms', 'started_at_ms',
-    'claims', 'attempts')
+  local pl = plan_of(plan_id)
+  local f = pmget(pl, 'state', 'lease_owner', 'fire_at_ms', 'started_at_ms', 'claims', 'attempts')
   if f[1] == 'Running' and running_before_ms
       and tonumber(f[4] or 0) >= tonumber(running_before_ms) then
     return -1
@@ -287,7 +331,7 @@ local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
     if f[1] == 'Running' then
       local now_ms = redis_now_ms()
       local err = 'host ' .. host .. ' stopped (crashed or lost its lease) while this ran; it may have reached its target, and runs again'
-      redis.call('HSET', pk, 'state', 'Standby', 'last_error', err, 'interrupted', 1)
+      pset(pl, 'state', 'Standby', 'last_error', err, 'interrupted', 1)
       local attempt = tonumber(f[6]) or 1
       local word = string.match(plan_id, ':(%a+)$')
       local record = cjson.encode({plan = word, attempt = attempt,
@@ -297,7 +341,7 @@ local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
       if queue then
         -- A queue task's run no longer counts against its queue's max_concurrent.
         leave_running(queue, plan_id .. '#' .. f[5], notify_before_ms)
-        redis.call('HSET', pk, 'last_run', record)
+        pset(pl, 'last_run', record)
       elseif word == 'timer' then
         redis.call('LPUSH', PREFIX .. 'timer:' .. string.sub(plan_id, 1, -7) .. ':runs', record)
       else
@@ -313,9 +357,9 @@ local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
           'record', record)
       end
     else
-      redis.call('HSET', pk, 'state', 'Standby')
+      pset(pl, 'state', 'Standby')
     end
-    redis.call('HDEL', pk, 'lease_owner')
+    pdel(pl, 'lease_owner')
     if queue then
       redis.call('ZADD', PREFIX .. 'due_tasks', f[3], plan_id)
     else
@@ -329,12 +373,12 @@ end
 
 -- Whether this host already applied the outcome of this claim's run (a retried call
 -- whose first reply was lost): finish scripts mark the Plan with `done_by` = host#claim.
-local function applied_by(pk, host, claim)
-  return redis.call('HGET', pk, 'done_by') == host .. '#' .. claim
+local function applied_by(plan_id, host, claim)
+  return pget(plan_of(plan_id), 'done_by') == host .. '#' .. claim
 end
 
 -- Books a Life and its Plans, or nothing (the body of book.lua, shared with book_idem.lua).
--- KEYS: 1 life, 2 birth plan, 3 death plan, 4 due, 5 lives, 6 resource index,
+-- KEYS: 1 life, 2 due, 3 lives, 4 resource index,
 --       FIRST_PLUGIN_KEY.. the `plugin-lives:{name}` sets of the plugins the actions use
 -- ARGV: 1 prefix, 2 uuid, 3 schedule_type, 4 resource_id ('' = none), 5 birth_ms,
 --       6 death_ms ('' for point), 7 birth action JSON, 8 death action JSON, 9 now_ms,
@@ -347,38 +391,39 @@ local function book_life(first_plugin_key)
   local birth_ms, death_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
   local guard = tonumber(ARGV[10])
   if rid ~= '' then
-    local other = resource_conflict(KEYS[6], birth_ms - guard, (death_ms or birth_ms) + guard, uuid)
+    local other = resource_conflict(KEYS[4], birth_ms - guard, (death_ms or birth_ms) + guard, uuid)
     if other then return {'resource_conflict', other} end
   end
   if redis.call('EXISTS', KEYS[1]) == 1 then return {'duplicate'} end
   local pointer = redis.call('GET', PREFIX .. 'ptr:' .. uuid)
   if pointer then return {'pointer', pointer} end
 
-  -- The uuid and the Plan kind are in the key names; fields hold only what they do not
-  -- say, times in ms only (the API renders them), so that a pending booking stays small
-  -- (see docs/redis-layout.md). `attempts` appears with the first run, `version` and
+  -- One HSET writes the Life and its Plans (plan_of). The uuid and the Plan kind are in
+  -- the key and field names; fields hold only what they do not say, times in ms only
+  -- (the API renders them), so that a pending booking stays small (see
+  -- docs/redis-layout.md). `attempts` appears with the first run, `version` and
   -- `updated_at_ms` with the first change.
-  redis.call('HSET', KEYS[1], 'schedule_type', ARGV[3], 'state', 'Inexistent',
-    'birth_at_ms', ARGV[5], 'created_at_ms', ARGV[9])
-  census(nil, 'Inexistent')
-  redis.call('HSET', KEYS[2], 'state', 'Standby', 'fire_at_ms', ARGV[5], 'action', ARGV[7])
+  local fields = {'schedule_type', ARGV[3], 'state', 'Inexistent', 'birth_at_ms', ARGV[5],
+    'created_at_ms', ARGV[9], 'b.state', 'Standby', 'b.fire_at_ms', ARGV[5], 'b.action', ARGV[7]}
+  local function add(...)
+    for _, v in ipairs({...}) do fields[#fields + 1] = v end
+  end
   if rid ~= '' then
-    redis.call('HSET', KEYS[1], 'resource_id', rid)
-    redis.call('HSET', KEYS[2], 'resource_id', rid)
-    redis.call('ZADD', KEYS[6], birth_ms, uuid)
+    add('resource_id', rid)
+    redis.call('ZADD', KEYS[4], birth_ms, uuid)
     redis.call('ZADD', order_key(rid), birth_ms, uuid .. ':birth')
     if death_ms then redis.call('ZADD', order_key(rid), death_ms, uuid .. ':death') end
   end
   if death_ms then
-    redis.call('HSET', KEYS[1], 'death_at_ms', ARGV[6])
     -- The death Plan waits outside the due set until birth is done (finish_run adds it).
-    redis.call('HSET', KEYS[3], 'state', 'Standby', 'fire_at_ms', ARGV[6], 'action', ARGV[8])
-    if rid ~= '' then redis.call('HSET', KEYS[3], 'resource_id', rid) end
-    -- Tells finish_run that this birth makes the Life Alive rather than Dead.
-    redis.call('HSET', KEYS[2], 'term', 1)
+    -- `b.term` tells finish_run that this birth makes the Life Alive rather than Dead.
+    add('death_at_ms', ARGV[6], 'd.state', 'Standby', 'd.fire_at_ms', ARGV[6], 'd.action', ARGV[8],
+      'b.term', 1)
   end
-  redis.call('ZADD', KEYS[4], birth_ms, uuid .. ':birth')
-  redis.call('ZADD', KEYS[5], 0, lives_member(ARGV[5], uuid))
+  redis.call('HSET', KEYS[1], unpack(fields))
+  census(nil, 'Inexistent')
+  redis.call('ZADD', KEYS[2], birth_ms, uuid .. ':birth')
+  redis.call('ZADD', KEYS[3], 0, lives_member(ARGV[5], uuid))
   for i = first_plugin_key, #KEYS do redis.call('SADD', KEYS[i], uuid) end
   notify_if_soon(ARGV[5], ARGV[11])
   return {'ok'}

@@ -26,13 +26,17 @@ local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
 local out, done_ids = {}, {}
 batch_begin()
 
+-- A Life's Plans are fields of its hash (plan_of), so each run reads the Plan's and the
+-- Life's fields in one HMGET and writes them in one HSET: the Plan's outcome, the run
+-- record, and the Life's new state together.
 local function apply(plan_id, claim, outcome, next_ms, status, err, attempt, word, record,
     callback, callback_action)
   local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
   local lk = life_key(uuid)
-  local pk = plan_key(plan_id)
-  local f = redis.call('HMGET', pk, 'state', 'lease_owner', 'claims', 'resource_id', 'term',
-    'last_error', 'done_by')
+  local pl = plan_of(plan_id)
+  local function pf(name) return pfield(pl, name) end
+  local f = redis.call('HMGET', lk, pf('state'), pf('lease_owner'), pf('claims'), 'resource_id',
+    pf('term'), pf('last_error'), pf('done_by'), 'state', 'cancel_requested', 'd.fire_at_ms')
   if f[7] == host .. '#' .. claim then
     -- Applied by the first call. The held entry went then; if it is there now, it is a
     -- newer claim of the same Plan and stays.
@@ -47,7 +51,7 @@ local function apply(plan_id, claim, outcome, next_ms, status, err, attempt, wor
     -- Taken over meanwhile: record the run if the Life is still there (a swept Life
     -- must not come back as a bare hash), leave everything else to the new holder,
     -- including this host's held entry if it claimed the Plan again.
-    if redis.call('EXISTS', lk) == 1 then
+    if f[8] then
       add_history()
       redis.call('HSET', lk, run_field, record)
     end
@@ -57,54 +61,67 @@ local function apply(plan_id, claim, outcome, next_ms, status, err, attempt, wor
   -- a Life whose Plan runs is not finished.
   add_history()
   done_ids[#done_ids + 1] = plan_id
-  -- lease_owner stays as the last host that held the Plan; it only means "holds it now"
-  -- while the state is Preset or Running.
-  local plan_fields = {'done_by', host .. '#' .. claim}
-  if status ~= '' then plan_fields[#plan_fields + 1] = 'last_status'; plan_fields[#plan_fields + 1] = status end
-  if err ~= '' then
-    plan_fields[#plan_fields + 1] = 'last_error'; plan_fields[#plan_fields + 1] = err
-  elseif f[6] then
-    redis.call('HDEL', pk, 'last_error')
+  -- What this run writes into the Life's hash: the run record, the Plan's outcome, and
+  -- the Life's own changes, added below. lease_owner stays as the last host that held
+  -- the Plan; it only means "holds it now" while the state is Preset or Running.
+  local w = {run_field, record, pf('done_by'), host .. '#' .. claim}
+  local function put(...)
+    local args = {...}
+    for i = 1, #args do w[#w + 1] = args[i] end
   end
-  if outcome == 'retry' and kind == 'birth' and redis.call('HGET', lk, 'cancel_requested') == '1' then
+  if status ~= '' then put(pf('last_status'), status) end
+  if err ~= '' then
+    put(pf('last_error'), err)
+  elseif f[6] then
+    redis.call('HDEL', lk, pf('last_error'))
+  end
+  local life_state = f[8]
+  -- The Life ends as TO: counted, listed in `finished` (finish_life in common.lua).
+  local function finish(to)
+    census(life_state, to)
+    put('state', to, 'finished_at_ms', now_ms, 'updated_at_ms', now_ms)
+    finished_batch[#finished_batch + 1] = now_ms
+    finished_batch[#finished_batch + 1] = uuid
+  end
+  if outcome == 'retry' and kind == 'birth' and f[9] == '1' then
     -- Cancelled while this birth ran and it did not succeed: never start it again.
-    redis.call('HSET', pk, 'state', 'Cancelled', unpack(plan_fields))
-    leave_order(pk, plan_id, f[4])
+    put(pf('state'), 'Cancelled')
+    leave_order(plan_id, f[4])
     if f[5] == '1' then cancel_plan(uuid .. ':death') end
-    finish_life(lk, uuid, 'Stillbirth', now_ms, run_field, record)
+    finish('Stillbirth')
   elseif outcome == 'retry' then
-    redis.call('HSET', pk, 'state', 'Standby', 'fire_at_ms', next_ms, unpack(plan_fields))
+    put(pf('state'), 'Standby', pf('fire_at_ms'), next_ms, 'updated_at_ms', now_ms)
     redis.call('ZADD', KEYS[2], next_ms, plan_id)
-    redis.call('HSET', lk, 'updated_at_ms', now_ms, run_field, record)
     notify_if_soon(next_ms, notify_before)
   elseif outcome == 'done' then
-    redis.call('HSET', pk, 'state', 'Done', unpack(plan_fields))
-    leave_order(pk, plan_id, f[4])
+    put(pf('state'), 'Done')
+    leave_order(plan_id, f[4])
     if kind == 'birth' and f[5] == '1' then
-      -- A term's birth: the Life is Alive and its death Plan becomes due.
-      local dk = plan_key(uuid .. ':death')
-      local death_ms = redis.call('HGET', dk, 'fire_at_ms')
-      if redis.call('HGET', lk, 'cancel_requested') == '1' then
+      -- A term's birth: the Life is Alive and its death Plan becomes due (at once if a
+      -- cancel came in meanwhile).
+      local death_ms = f[10]
+      if f[9] == '1' then
         death_ms = now_ms
-        redis.call('HSET', dk, 'fire_at_ms', now_ms)
+        put('d.fire_at_ms', now_ms)
       end
-      census(redis.call('HGET', lk, 'state'), 'Alive')
-      redis.call('HSET', lk, 'state', 'Alive', 'updated_at_ms', now_ms, run_field, record)
+      census(life_state, 'Alive')
+      put('state', 'Alive', 'updated_at_ms', now_ms)
       redis.call('ZADD', KEYS[2], death_ms, uuid .. ':death')
       notify_if_soon(death_ms, notify_before)
     else
-      finish_life(lk, uuid, 'Dead', now_ms, run_field, record)
+      finish('Dead')
     end
   else
-    redis.call('HSET', pk, 'state', 'Failed', unpack(plan_fields))
-    leave_order(pk, plan_id, f[4])
+    put(pf('state'), 'Failed')
+    leave_order(plan_id, f[4])
     if kind == 'birth' then
       if f[5] == '1' then cancel_plan(uuid .. ':death') end
-      finish_life(lk, uuid, 'Stillbirth', now_ms, run_field, record)
+      finish('Stillbirth')
     else
-      finish_life(lk, uuid, 'Dead', now_ms, run_field, record)
+      finish('Dead')
     end
   end
+  redis.call('HSET', lk, unpack(w))
   if outcome ~= 'retry' then
     book_callback(callback, callback_action, plan_id, now_ms, notify_before)
   end

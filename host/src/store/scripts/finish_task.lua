@@ -25,7 +25,7 @@ local function apply(plan_id, claim, outcome, next_ms, status, err, word, record
   local pk = plan_key(plan_id)
   local tombstone = PREFIX .. 'tombstone:' .. queue .. '/' .. task
   leave_running(queue, plan_id .. '#' .. claim, notify_before)
-  if applied_by(pk, host, claim)
+  if applied_by(plan_id, host, claim)
       or (redis.call('EXISTS', pk) == 0 and redis.call('EXISTS', tombstone) == 1) then
     return 'ok'
   end

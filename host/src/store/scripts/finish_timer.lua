@@ -25,7 +25,7 @@ local host, name, claim, outcome = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 -- timer's `last_outcome` and the runs stream.
 local word = outcome == 'done' and 'success' or outcome
 local next_ms, next_rfc, record, now_ms = ARGV[6], ARGV[7], ARGV[9], ARGV[10]
-if applied_by(KEYS[5], host, claim) then return 'ok' end
+if applied_by(name .. ':timer', host, claim) then return 'ok' end
 local t = redis.call('HMGET', KEYS[4], 'version', 'active', 'next_override_ms', 'next_override')
 if t[1] and t[1] ~= ARGV[8] then return 'changed' end
 local function log_run(entry, word)

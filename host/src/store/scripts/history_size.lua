@@ -1,6 +1,6 @@
 -- history_size: an estimate of the Redis memory a shard's history takes: its finished
--- Lives, each with its Plans' hashes and its entries in `finished` and `lives`.
--- MEMORY USAGE of a random sample of finished Lives (and their Plans) gives the bytes of
+-- Lives, each a hash (its Plans are fields of it) with its entries in `finished` and
+-- `lives`. MEMORY USAGE of a random sample of finished Lives gives the bytes of
 -- an average one; each index entry is taken to cost what an entry of `finished` costs
 -- on average (MEMORY USAGE of that sorted set over its size).
 -- KEYS: 1 finished
@@ -14,9 +14,6 @@ for _, uuid in ipairs(redis.call('ZRANDMEMBER', KEYS[1], tonumber(ARGV[2]))) do
   if life then
     seen = seen + 1
     total = total + life
-    for _, kind in ipairs({'birth', 'death'}) do
-      total = total + (redis.call('MEMORY', 'USAGE', plan_key(uuid .. ':' .. kind)) or 0)
-    end
   end
 end
 if seen == 0 then return {n, 0} end

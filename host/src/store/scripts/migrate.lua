@@ -1,13 +1,15 @@
--- migrate: moves one object of a keyspace written before shards (every key under OLD,
--- `{key_prefix}:`) into its shard (PREFIX). `kairos migrate` runs it on a standalone
--- Redis with every host stopped; each call moves one object whole, so a migration cut
--- off anywhere is resumed by running it again. A Plan a host of the old version still
--- held (a host killed before it could hand back) goes back to its due set on the way,
--- a run it had under way recorded as interrupted, as a takeover would.
+-- migrate: moves one object of a keyspace written before shards (layout 1: every key
+-- under OLD, `{key_prefix}:`) into its shard (PREFIX), or folds the Plans of one Life of
+-- a sharded keyspace of layout 2 (`plan:{uuid}:{kind}` hashes of their own) into its
+-- Life's hash (layout 3, plan_of in common.lua). `kairos migrate` runs it with every host
+-- stopped; each call moves one object whole, so a migration cut off anywhere is resumed
+-- by running it again. A Plan a host of the old version still held (a host killed
+-- before it could hand back) goes back to its due set on the way, a run it had under way
+-- recorded as interrupted, as a takeover would.
 -- ARGV: 1 shard prefix, 2 old prefix, 3 mode ('life' | 'timer' | 'queue' | 'task' |
---       'tombstone'), 4 name (a Life id, a timer or queue name, `{queue}/{task}`), then
---       for 'life': 5 the home shard's prefix when the Life's resource puts it in another
---       shard ('' otherwise), 6 the pointer's value
+--       'tombstone' | 'fold'), 4 name (a Life id, a timer or queue name,
+--       `{queue}/{task}`), then for 'life': 5 the home shard's prefix when the Life's
+--       resource puts it in another shard ('' otherwise), 6 the pointer's value
 -- Returns 1 when it moved something, 0 when there was nothing left to move.
 local OLD, mode, name = ARGV[2], ARGV[3], ARGV[4]
 
@@ -29,8 +31,7 @@ end
 -- A Plan just moved: out of the old due set (into the new one if it waited there), and
 -- handed back if a host of the old version held it.
 local function settle(plan_id, due)
-  local pk = plan_key(plan_id)
-  local f = redis.call('HMGET', pk, 'state', 'lease_owner')
+  local f = pmget(plan_of(plan_id), 'state', 'lease_owner')
   if f[2] then redis.call('ZREM', OLD .. 'held:' .. f[2], plan_id) end
   move_member(OLD .. due, PREFIX .. due, plan_id, nil)
   if f[1] == 'Preset' or f[1] == 'Running' then
@@ -39,7 +40,36 @@ local function settle(plan_id, due)
   end
 end
 
-if mode == 'life' then
+-- Moves the Plan hash FROM of a Life's Plan PLAN_ID into the fields of its Life (which
+-- must be in place); false when there was none.
+local function fold(from, plan_id)
+  local fields = redis.call('HGETALL', from)
+  if #fields == 0 then return false end
+  local pl, out = plan_of(plan_id), {}
+  for i = 1, #fields, 2 do
+    -- The Life's own resource_id stands for its Plans'.
+    if fields[i] ~= 'resource_id' then
+      out[#out + 1] = pfield(pl, fields[i])
+      out[#out + 1] = fields[i + 1]
+    end
+  end
+  if #out > 0 then redis.call('HSET', pl.k, unpack(out)) end
+  redis.call('DEL', from)
+  return true
+end
+
+if mode == 'fold' then
+  if redis.call('EXISTS', life_key(name)) == 0 then
+    -- Plans left without their Life: nothing to fold them into.
+    redis.call('DEL', PREFIX .. 'plan:' .. name .. ':birth', PREFIX .. 'plan:' .. name .. ':death')
+    return 0
+  end
+  local moved = 0
+  for _, kind in ipairs({'birth', 'death'}) do
+    if fold(PREFIX .. 'plan:' .. name .. ':' .. kind, name .. ':' .. kind) then moved = 1 end
+  end
+  return moved
+elseif mode == 'life' then
   local uuid = name
   local old_life = OLD .. 'life:' .. uuid
   if redis.call('EXISTS', old_life) == 0 then return 0 end
@@ -52,9 +82,9 @@ if mode == 'life' then
   move_member(OLD .. 'finished', PREFIX .. 'finished', uuid, nil)
   for _, kind in ipairs({'birth', 'death'}) do
     local id = uuid .. ':' .. kind
-    if move(OLD .. 'plan:' .. id, plan_key(id)) then
+    if fold(OLD .. 'plan:' .. id, id) then
       settle(id, 'due')
-      local ok, action = pcall(cjson.decode, redis.call('HGET', plan_key(id), 'action') or '')
+      local ok, action = pcall(cjson.decode, pget(plan_of(id), 'action') or '')
       if ok and type(action) == 'table' and type(action.plugin) == 'string' then
         local plugin = string.match(action.plugin, '^[^@]+')
         redis.call('SREM', OLD .. 'plugin:' .. plugin .. ':lives', uuid)
@@ -69,7 +99,7 @@ if mode == 'life' then
     -- none): every unfinished Plan of the resource, by its time.
     redis.call('ZREM', OLD .. 'order:' .. rid, uuid .. ':birth', uuid .. ':death')
     for _, kind in ipairs({'birth', 'death'}) do
-      local p = redis.call('HMGET', plan_key(uuid .. ':' .. kind), 'state', 'fire_at_ms')
+      local p = pmget(plan_of(uuid .. ':' .. kind), 'state', 'fire_at_ms')
       if p[1] == 'Standby' or p[1] == 'Preset' or p[1] == 'Running' then
         redis.call('ZADD', order_key(rid), p[2], uuid .. ':' .. kind)
       end

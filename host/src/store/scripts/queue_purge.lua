@@ -13,9 +13,9 @@ for _, index in ipairs({KEYS[2], KEYS[3]}) do
     local plan_id = queue .. '/' .. task .. ':task'
     local pk = plan_key(plan_id)
     if redis.call('HGET', pk, 'state') ~= 'Running' then
-      release_claim(pk, plan_id)
+      release_claim(plan_id)
       redis.call('ZREM', KEYS[4], plan_id)
-      leave_waiting(queue, plan_id, pk)
+      leave_waiting(queue, plan_id)
       redis.call('ZREM', KEYS[1] .. ':leased', task)
       redis.call('DEL', pk)
       redis.call('ZREM', index, task)

@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
--- sweep: deletes Lives finished before CUTOFF with their Plans (their history goes with
--- the Life hash) and index entries, and trims the runs stream to the same retention.
+-- sweep: deletes Lives finished before CUTOFF (their Plans and history are fields of the
+-- Life hash) and index entries, and trims the runs stream to the same retention.
 -- KEYS: 1 finished, 2 lives, 3 runs
 -- ARGV: 1 prefix, 2 cutoff ms, 3 batch
 -- Returns the ids of the Lives deleted (their pointers, if any, are in other shards).
@@ -14,7 +14,7 @@ for _, uuid in ipairs(ids) do
     redis.call('ZREM', PREFIX .. 'resource:' .. f[2], uuid)
     redis.call('ZREM', order_key(f[2]), uuid .. ':birth', uuid .. ':death')
   end
-  redis.call('DEL', lk, plan_key(uuid .. ':birth'), plan_key(uuid .. ':death'))
+  redis.call('DEL', lk)
   redis.call('ZREM', KEYS[1], uuid)
 end
 redis.call('XTRIM', KEYS[3], 'MINID', '~', ARGV[2])

@@ -13,9 +13,9 @@ local plan_id = queue .. '/' .. task .. ':task'
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
 if state == 'Running' then return 'running' end
-release_claim(KEYS[1], plan_id)
+release_claim(plan_id)
 redis.call('ZREM', KEYS[4], plan_id)
-leave_waiting(queue, plan_id, KEYS[1])
+leave_waiting(queue, plan_id)
 -- A pull task's lease, if any, ends: its worker's ack or nack is refused.
 local pull = redis.call('HGET', KEYS[1], 'pull') == '1'
 if pull then

@@ -8,7 +8,7 @@ local plan_id = ARGV[2] .. ':timer'
 redis.call('DEL', KEYS[1], KEYS[5])
 redis.call('ZREM', KEYS[4], ARGV[2])
 if redis.call('HGET', KEYS[2], 'state') ~= 'Running' then
-  release_claim(KEYS[2], plan_id)
+  release_claim(plan_id)
   redis.call('ZREM', KEYS[3], plan_id)
   redis.call('DEL', KEYS[2])
 end

@@ -38,14 +38,14 @@ if next_ms == 'keep' and state == 'Standby' then return {'ok', state} end
 if next_ms == 'keep' and state == 'Preset' then
   -- Take it back from the host holding it, so that the new action and options are the
   -- ones that run at the same time.
-  release_claim(KEYS[2], plan_id)
+  release_claim(plan_id)
   local fire_ms = redis.call('HGET', KEYS[2], 'fire_at_ms')
   redis.call('HSET', KEYS[2], 'state', 'Standby')
   redis.call('ZADD', KEYS[3], fire_ms, plan_id)
   notify_if_soon(fire_ms, ARGV[11])
   return {'ok', 'Standby'}
 end
-release_claim(KEYS[2], plan_id)
+release_claim(plan_id)
 redis.call('ZREM', KEYS[3], plan_id)
 if next_ms == '' or next_ms == 'keep' then
   redis.call('HSET', KEYS[2], 'state', 'Inactive', 'attempts', 0)

@@ -7,7 +7,7 @@
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end
 local plan_id = ARGV[2] .. ':timer'
 if redis.call('HGET', KEYS[2], 'state') == 'Running' then return 'running' end
-release_claim(KEYS[2], plan_id)
+release_claim(plan_id)
 redis.call('HSET', KEYS[2], 'state', 'Standby', 'fire_at_ms', ARGV[3], 'fire_at', ARGV[4],
   'slot_ms', ARGV[3], 'attempts', 0)
 redis.call('ZADD', KEYS[3], ARGV[3], plan_id)
