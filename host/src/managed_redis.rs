@@ -17,6 +17,10 @@ use anyhow::{bail, Context};
 use tokio::process::{Child, Command};
 use tokio::sync::watch;
 
+/// `hash-max-listpack-value` of the redis-server kairos runs: Life hashes hold actions and
+/// run records of a few hundred bytes and stay in the compact encoding up to this.
+pub const LISTPACK_VALUE: u64 = 1024;
+
 /// How the managed redis-server keeps its data.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
@@ -126,11 +130,11 @@ fn spawn(data_dir: &Path, socket: &Path, settings: &Settings) -> anyhow::Result<
         .arg("yes")
         .arg("--save")
         .arg("")
-        // Plan hashes hold an action's JSON; past 64 bytes (the default) a value turns the
+        // Life and Plan hashes hold an action's JSON; past 64 bytes (the default) a value turns the
         // whole hash into a hashtable of about twice the memory. Listpacks of a dozen
         // fields up to 1 KiB each stay fast to read and keep a pending booking small.
         .arg("--hash-max-listpack-value")
-        .arg("1024")
+        .arg(LISTPACK_VALUE.to_string())
         .arg("--logfile")
         .arg(data_dir.join("redis.log"))
         .stdin(Stdio::null())

@@ -17,6 +17,11 @@ use crate::plugins::{PluginRuntime, RuntimeSettings};
 use crate::scheduler::Engine;
 use crate::store::{OpenError, Store};
 
+/// The `hash-max-listpack-value` kairos's own redis-server runs with (managed_redis.rs),
+/// and below which a Redis brought by the user gets a warning at startup: a Life keeps
+/// its actions and run records in its hash.
+const LISTPACK_VALUE_ADVISED: u64 = crate::managed_redis::LISTPACK_VALUE;
+
 /// Runs a host until a shutdown signal, then stops gracefully: the API stops accepting,
 /// the engine stops claiming, runs under way finish, held Plans go back to Redis, and a
 /// self-managed redis-server is shut down last.
@@ -244,6 +249,13 @@ async fn check_redis(store: &Store, config: &Config) -> anyhow::Result<()> {
     }
     if seen.iter().any(|m| m.max == 0) {
         tracing::info!("Redis has no maxmemory: kairos cannot keep headroom below it, and the machine's memory is the limit");
+    }
+    if let Some(limit) = store.listpack_value_limit().await {
+        if limit < LISTPACK_VALUE_ADVISED {
+            tracing::warn!(
+                "Redis's hash-max-listpack-value is {limit}: a Life whose action or run record is longer than {limit} bytes is kept in Redis's larger hash encoding, which takes 1.4 to 1.7 times the memory (BENCHMARKS.md). Set it to {LISTPACK_VALUE_ADVISED} (`redis-cli CONFIG SET hash-max-listpack-value {LISTPACK_VALUE_ADVISED}`, and in redis.conf), as the redis-server kairos runs itself has it"
+            );
+        }
     }
     match store.durability().await {
         Ok(d) => {

@@ -86,10 +86,20 @@ async fn a_redis_that_may_evict_is_refused_at_start_unless_allowed() {
         .await;
     assert_eq!(status, 200, "{body}");
     assert!(host.log_text().contains("may evict"), "{}", host.log_text());
-    // With noeviction it starts without a word about it.
+    // A Redis at the default hash-max-listpack-value (64) gets a word about the memory a
+    // Life takes there.
+    assert!(
+        host.log_text()
+            .contains("hash-max-listpack-value is 64: a Life whose action or run record is longer"),
+        "{}",
+        host.log_text()
+    );
+    // With noeviction (and 1024) it starts without a word about either.
     redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]);
+    redis.cli(&["CONFIG", "SET", "hash-max-listpack-value", "1024"]);
     let host = Host::start(&redis.url(), &fast_flags());
     assert!(!host.log_text().contains("may evict"));
+    assert!(!host.log_text().contains("hash-max-listpack-value"));
 }
 
 /// Fills a Redis with a small `maxmemory` with bookings: the finished Lives kept as

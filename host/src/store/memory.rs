@@ -184,6 +184,17 @@ impl Store {
         Ok(seen)
     }
 
+    /// `hash-max-listpack-value` of the Redis of shard 0: the longest value a hash may
+    /// hold and keep its compact encoding. None where CONFIG is refused.
+    pub async fn listpack_value_limit(&self) -> Option<u64> {
+        let mut conn = self.conn();
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("GET").arg("hash-max-listpack-value");
+        let reply = conn.on_slot(self.shard(0).slot() as u16, cmd).await.ok()?;
+        let pair: Vec<String> = redis::from_redis_value(reply).ok()?;
+        pair.get(1)?.parse().ok()
+    }
+
     /// `appendonly` and `appendfsync` of the Redis of shard 0.
     pub async fn durability(&self) -> RedisResult<Durability> {
         let mut conn = self.conn();
