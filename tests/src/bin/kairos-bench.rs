@@ -775,12 +775,105 @@ async fn main() {
     if args.iter().any(|a| a == "memory-shapes") {
         bench_memory_shapes().await;
     }
+    if args.iter().any(|a| a == "pending-1m") {
+        bench_pending_million().await;
+    }
     if args.iter().any(|a| a == "plugin-first-fire") {
         bench_plugin_first_fire().await;
     }
     if args.iter().any(|a| a == "plugin-booking") {
         bench_plugin_booking().await;
     }
+}
+
+/// Issue 17 at scale: 1,000,000 pending point Lives (small webhook action, a day ahead)
+/// booked into one Redis at `hash-max-listpack-value 1024` (as `kairos serve` runs its
+/// own): the booking rate and Redis bytes per Life, then, with all of them pending, the
+/// time to list 50 and to GET one by id, and the lateness of 1,000 fires/s for 10 s.
+/// Set `KAIROS_BENCH_PENDING` for another count.
+async fn bench_pending_million() {
+    let count: usize = std::env::var("KAIROS_BENCH_PENDING")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1_000_000);
+    println!("## {count} pending point Lives\n");
+    let redis = RedisServer::start_with_fsync("everysec");
+    set_listpack_limit(&redis, "1024").await;
+    let (sink_url, sink) = start_sink().await;
+    let host = firing_host(&redis, &sink_url, &[]);
+    let far = now_ms() + 86_400_000;
+    // A first 2,000 create every shard's sets.
+    post_many(&host, "/schedules", 2_000, 64, move |i| {
+        json!({"birth_time": rfc3339_ms(far + 3_600_000 + i as i64), "birth": {"path": "/hook", "method": "POST", "body": {"n": i}}})
+    })
+    .await;
+    let before = used_memory(&redis).await;
+    let started = Instant::now();
+    post_many(&host, "/schedules", count, 64, move |i| {
+        json!({"birth_time": rfc3339_ms(far + i as i64), "birth": {"path": "/hook", "method": "POST", "body": {"n": i}}})
+    })
+    .await;
+    let took = started.elapsed().as_secs_f64();
+    let after = used_memory(&redis).await;
+    println!("| measure | result |\n|---|---|");
+    println!(
+        "| booking {count} (single POSTs, 64 clients) | {:.0} /s |",
+        count as f64 / took
+    );
+    println!(
+        "| Redis bytes per pending Life (`used_memory` delta) | **{:.0} B** |",
+        (after - before) as f64 / count as f64
+    );
+    let api = Api::new(&host);
+    let timed = |lat: &mut Vec<i64>, t: Instant| lat.push(t.elapsed().as_micros() as i64);
+    let (mut list, mut by_id, mut ids) = (Vec::new(), Vec::new(), Vec::new());
+    let mut cursor: Option<String> = None;
+    for _ in 0..200 {
+        let path = match &cursor {
+            Some(c) => format!("/schedules?limit=50&cursor={c}"),
+            None => "/schedules?limit=50".to_string(),
+        };
+        let t = Instant::now();
+        let (status, page) = api.get(&path).await;
+        timed(&mut list, t);
+        assert_eq!(status, 200, "{page}");
+        let items = page["items"].as_array().expect("a page of Lives");
+        assert_eq!(items.len(), 50, "{page}");
+        ids.extend(
+            items
+                .iter()
+                .filter_map(|l| l["life_uuid"].as_str().map(String::from)),
+        );
+        cursor = page["next_cursor"].as_str().map(String::from);
+    }
+    for id in ids.iter().step_by(ids.len() / 200) {
+        let t = Instant::now();
+        let (status, _) = api.get(&format!("/schedules/{id}")).await;
+        timed(&mut by_id, t);
+        assert_eq!(status, 200);
+    }
+    list.sort_unstable();
+    by_id.sort_unstable();
+    let ms = |us: i64| us as f64 / 1000.0;
+    println!(
+        "| `GET /schedules?limit=50`, 200 pages in turn, p50 / p99 | {:.2} / {:.2} ms |",
+        ms(percentile(&list, 0.5)),
+        ms(percentile(&list, 0.99))
+    );
+    println!(
+        "| `GET /schedules/{{id}}`, {} Lives, p50 / p99 | {:.2} / {:.2} ms |",
+        by_id.len(),
+        ms(percentile(&by_id, 0.5)),
+        ms(percentile(&by_id, 0.99))
+    );
+    let (lat, _) = fire_run(&host, &redis, &sink, 10_000, 10_000).await;
+    println!(
+        "| 1,000 fires/s for 10 s beside them: lateness p50 / p99 / max | {} / **{}** / {} ms |",
+        percentile(&lat, 0.5),
+        percentile(&lat, 0.99),
+        percentile(&lat, 1.0)
+    );
+    println!();
 }
 
 /// A component with a custom section appended (`kairos-bench` = `n`): the same code

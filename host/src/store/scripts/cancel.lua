@@ -14,7 +14,8 @@ if not state then return {'missing'} end
 if state == 'Dead' or state == 'Stillbirth' or state == 'Invalidated' then
   return {'finished', state}
 end
-local bstate = pget(plan_of(uuid .. ':birth'), 'state')
+local bk, bn = plan_of(uuid .. ':birth')
+local bstate = redis.call('HGET', bk, bn.state)
 -- Invariant: a Life is never finished while one of its Plans runs, so that a run in
 -- progress can always move its own Life on. Force therefore never touches a Running
 -- Plan either.
@@ -33,8 +34,8 @@ if state == 'Inexistent' then
   return {'ok', 'Stillbirth'}
 end
 -- Alive
-local death = plan_of(uuid .. ':death')
-local dstate = pget(death, 'state')
+local dk, dn = plan_of(uuid .. ':death')
+local dstate = redis.call('HGET', dk, dn.state)
 if dstate == 'Running' then
   if force then return {'running'} end
   -- The death is under way already; a failure retries it as usual.
@@ -48,7 +49,7 @@ if force then
 end
 redis.call('HSET', KEYS[1], 'cancel_requested', 1, 'updated_at_ms', now_ms)
 release_claim(uuid .. ':death')
-pset(death, 'state', 'Standby', 'fire_at_ms', now_ms)
+redis.call('HSET', dk, dn.state, 'Standby', dn.fire_at_ms, now_ms)
 redis.call('ZADD', KEYS[2], now_ms, uuid .. ':death')
 notify_if_soon(now_ms, ARGV[5])
 return {'ok', 'Alive'}

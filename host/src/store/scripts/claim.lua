@@ -29,13 +29,13 @@ local function take(set, until_ms, limit)
   for i = 1, #items, 2 do
     local id, fire_ms = items[i], items[i + 1]
     taken[#taken + 1] = id
-    local pl = plan_of(id)
-    local f = pmget(pl, 'state', 'action', 'attempts', 'resource_id', 'opts')
+    local pk, pn = plan_of(id)
+    local f = redis.call('HMGET', pk, pn.state, pn.action, pn.attempts, pn.resource_id, pn.opts)
     -- A member whose Plan is gone or no longer Standby is stale: dropping it is the fix.
     if f[1] == 'Standby' then
       seq = seq + 1
       local claim = tostring(seq)
-      pset(pl, 'state', 'Preset', 'lease_owner', host, 'claims', claim)
+      redis.call('HSET', pk, pn.state, 'Preset', pn.lease_owner, host, pn.claims, claim)
       held[#held + 1] = fire_ms
       held[#held + 1] = id
       out[#out + 1] = {id, fire_ms, claim, f[2], f[3] or '0', f[4] or '', f[5] or ''}

@@ -11,47 +11,43 @@ local function life_key(uuid) return PREFIX .. 'life:' .. uuid end
 -- Where a Plan's fields are. A Life's Plans (`{uuid}:birth`, `{uuid}:death`) are fields
 -- of the Life's own hash, named with `b.` and `d.` in front (`b.state`, `d.fire_at_ms`),
 -- so that a Life is one key; their `resource_id` is the Life's own field. A timer's or a
--- task's Plan is a hash of its own, `plan:{id}`, with plain names. Scripts read and
--- write a Plan through the p* helpers below, never by its key, so they need not know
--- which.
+-- task's Plan is a hash of its own, `plan:{id}`, with plain names. Scripts reach a Plan
+-- through plan_of, never by its key, so they need not know which:
+--   local pk, pn = plan_of(plan_id)
+--   redis.call('HMGET', pk, pn.state, pn.fire_at_ms)
+-- PN[prefix] is the table of a prefix's field names (pn.state is 'b.state'), each made
+-- on first use and kept for the rest of the script call: building a Lua string per
+-- field and Plan would cost about what the Redis command does.
+local PN = {}
+local function field_names(prefix)
+  local names = PN[prefix]
+  if not names then
+    names = setmetatable({}, {__index = function(t, name)
+      local full = (prefix == '' or name == 'resource_id') and name or prefix .. name
+      rawset(t, name, full)
+      return full
+    end})
+    PN[prefix] = names
+  end
+  return names
+end
+
+-- The key of a Plan's fields, and their names there.
 local function plan_of(plan_id)
-  local kind = string.match(plan_id, ':(%a+)$')
-  if kind == 'birth' or kind == 'death' then
-    return {k = life_key(string.sub(plan_id, 1, -(#kind + 2))), p = string.sub(kind, 1, 1) .. '.'}
+  -- Cheaper than a pattern: both kinds of a Life's Plan are five letters long.
+  local tail = string.sub(plan_id, -6)
+  if tail == ':birth' then
+    return PREFIX .. 'life:' .. string.sub(plan_id, 1, -7), field_names('b.')
+  elseif tail == ':death' then
+    return PREFIX .. 'life:' .. string.sub(plan_id, 1, -7), field_names('d.')
   end
-  return {k = plan_key(plan_id), p = ''}
-end
-
-local function pfield(pl, name)
-  if pl.p == '' or name == 'resource_id' then return name end
-  return pl.p .. name
-end
-
-local function pnames(pl, ...)
-  local out = {...}
-  if pl.p ~= '' then
-    for i = 1, #out do out[i] = pfield(pl, out[i]) end
-  end
-  return out
-end
-
-local function pget(pl, name) return redis.call('HGET', pl.k, pfield(pl, name)) end
-local function pmget(pl, ...) return redis.call('HMGET', pl.k, unpack(pnames(pl, ...))) end
-local function pdel(pl, ...) return redis.call('HDEL', pl.k, unpack(pnames(pl, ...))) end
-
--- HSET of field/value pairs.
-local function pset(pl, ...)
-  local args = {...}
-  if pl.p ~= '' then
-    for i = 1, #args, 2 do args[i] = pfield(pl, args[i]) end
-  end
-  return redis.call('HSET', pl.k, unpack(args))
+  return plan_key(plan_id), field_names('')
 end
 
 -- Whether the Plan exists (every Plan has a `state`).
-local function pexists(pl)
-  if pl.p == '' then return redis.call('EXISTS', pl.k) == 1 end
-  return redis.call('HEXISTS', pl.k, pl.p .. 'state') == 1
+local function plan_exists(plan_id)
+  local pk, pn = plan_of(plan_id)
+  return redis.call('HEXISTS', pk, pn.state) == 1
 end
 
 -- The member of {prefix}:lives for a Life: zero-padded birth ms, ':', uuid, so that
@@ -65,7 +61,8 @@ end
 -- then fails the fencing check of start_run (state or claim number differ) and is
 -- dropped, so a Plan moved by PATCH or DELETE never fires at its old time.
 local function release_claim(plan_id)
-  if pdel(plan_of(plan_id), 'lease_owner') == 1 then
+  local pk, pn = plan_of(plan_id)
+  if redis.call('HDEL', pk, pn.lease_owner) == 1 then
     redis.call('ZREM', PREFIX .. 'held', plan_id)
   end
 end
@@ -150,7 +147,10 @@ local function order_key(rid) return PREFIX .. 'order:' .. rid end
 -- RID is the Plan's resource_id when the caller has read it already (false: it has none);
 -- left out, it is read here.
 local function leave_order(plan_id, rid)
-  if rid == nil then rid = pget(plan_of(plan_id), 'resource_id') end
+  if rid == nil then
+    local pk, pn = plan_of(plan_id)
+    rid = redis.call('HGET', pk, pn.resource_id)
+  end
   if rid then redis.call('ZREM', order_key(rid), plan_id) end
 end
 
@@ -166,12 +166,12 @@ end
 
 -- Cancels a Plan that has not run (Standby or Preset); a Plan in any other state is left.
 local function cancel_plan(plan_id)
-  local pl = plan_of(plan_id)
-  local state = pget(pl, 'state')
+  local pk, pn = plan_of(plan_id)
+  local state = redis.call('HGET', pk, pn.state)
   if state == 'Standby' or state == 'Preset' then
     release_claim(plan_id)
     redis.call('ZREM', PREFIX .. 'due', plan_id)
-    pset(pl, 'state', 'Cancelled')
+    redis.call('HSET', pk, pn.state, 'Cancelled')
     leave_order(plan_id)
   end
 end
@@ -214,7 +214,8 @@ local function book_callback(uuid, action, of, now_ms, notify_before_ms)
   redis.call('HSET', lk, 'schedule_type', 'point', 'state', 'Inexistent', 'birth_at_ms', now_ms,
     'created_at_ms', now_ms, 'callback_of', of)
   census(nil, 'Inexistent')
-  pset(plan_of(uuid .. ':birth'), 'state', 'Standby', 'fire_at_ms', now_ms, 'action', action)
+  local pk, pn = plan_of(uuid .. ':birth')
+  redis.call('HSET', pk, pn.state, 'Standby', pn.fire_at_ms, now_ms, pn.action, action)
   redis.call('ZADD', PREFIX .. 'due', now_ms, uuid .. ':birth')
   redis.call('ZADD', PREFIX .. 'lives', 0, lives_member(now_ms, uuid))
   local ok, a = pcall(cjson.decode, action)
@@ -283,7 +284,8 @@ end
 -- A task leaves whichever waiting set holds it (deleted, purged, or run by hand).
 local function leave_waiting(queue, plan_id)
   redis.call('ZREM', waiting_key(queue), plan_id)
-  local ck = pget(plan_of(plan_id), 'ck')
+  local pk, pn = plan_of(plan_id)
+  local ck = redis.call('HGET', pk, pn.ck)
   if ck then
     local wk = key_waiting_key(queue, ck)
     if redis.call('ZREM', wk, plan_id) == 1 then forget_idle_key(queue, ck, wk) end
@@ -318,8 +320,9 @@ end
 -- late birth that may have been delivered is still followed by its death (start_run).
 -- The caller removes moved Plans from `held`.
 local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
-  local pl = plan_of(plan_id)
-  local f = pmget(pl, 'state', 'lease_owner', 'fire_at_ms', 'started_at_ms', 'claims', 'attempts')
+  local pk, pn = plan_of(plan_id)
+  local f = redis.call('HMGET', pk, pn.state, pn.lease_owner, pn.fire_at_ms, pn.started_at_ms,
+    pn.claims, pn.attempts)
   if f[1] == 'Running' and running_before_ms
       and tonumber(f[4] or 0) >= tonumber(running_before_ms) then
     return -1
@@ -331,7 +334,7 @@ local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
     if f[1] == 'Running' then
       local now_ms = redis_now_ms()
       local err = 'host ' .. host .. ' stopped (crashed or lost its lease) while this ran; it may have reached its target, and runs again'
-      pset(pl, 'state', 'Standby', 'last_error', err, 'interrupted', 1)
+      redis.call('HSET', pk, pn.state, 'Standby', pn.last_error, err, pn.interrupted, 1)
       local attempt = tonumber(f[6]) or 1
       local word = string.match(plan_id, ':(%a+)$')
       local record = cjson.encode({plan = word, attempt = attempt,
@@ -341,7 +344,7 @@ local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
       if queue then
         -- A queue task's run no longer counts against its queue's max_concurrent.
         leave_running(queue, plan_id .. '#' .. f[5], notify_before_ms)
-        pset(pl, 'last_run', record)
+        redis.call('HSET', pk, pn.last_run, record)
       elseif word == 'timer' then
         redis.call('LPUSH', PREFIX .. 'timer:' .. string.sub(plan_id, 1, -7) .. ':runs', record)
       else
@@ -357,9 +360,9 @@ local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
           'record', record)
       end
     else
-      pset(pl, 'state', 'Standby')
+      redis.call('HSET', pk, pn.state, 'Standby')
     end
-    pdel(pl, 'lease_owner')
+    redis.call('HDEL', pk, pn.lease_owner)
     if queue then
       redis.call('ZADD', PREFIX .. 'due_tasks', f[3], plan_id)
     else
@@ -374,7 +377,8 @@ end
 -- Whether this host already applied the outcome of this claim's run (a retried call
 -- whose first reply was lost): finish scripts mark the Plan with `done_by` = host#claim.
 local function applied_by(plan_id, host, claim)
-  return pget(plan_of(plan_id), 'done_by') == host .. '#' .. claim
+  local pk, pn = plan_of(plan_id)
+  return redis.call('HGET', pk, pn.done_by) == host .. '#' .. claim
 end
 
 -- Books a Life and its Plans, or nothing (the body of book.lua, shared with book_idem.lua).

@@ -16,14 +16,14 @@ local fire_ms, action = tonumber(ARGV[3]), ARGV[4]
 if rec[1] then
   local uuid = rec[1]
   local lk, plan_id = life_key(uuid), uuid .. ':birth'
-  local pl = plan_of(plan_id)
+  local pk, pn = plan_of(plan_id)
   local life = redis.call('HMGET', lk, 'state', 'birth_at_ms', 'cancel_requested')
-  local bstate = pget(pl, 'state')
+  local bstate = redis.call('HGET', pk, pn.state)
   if life[1] == 'Inexistent' and life[3] ~= '1' and (bstate == 'Standby' or bstate == 'Preset') then
     local cap = tonumber(rec[2])
     if cap < fire_ms then fire_ms = cap end
     release_claim(plan_id)
-    pset(pl, 'state', 'Standby', 'fire_at_ms', fire_ms, 'action', action)
+    redis.call('HSET', pk, pn.state, 'Standby', pn.fire_at_ms, fire_ms, pn.action, action)
     redis.call('ZADD', KEYS[3], fire_ms, plan_id)
     redis.call('ZREM', KEYS[4], lives_member(life[2], uuid))
     redis.call('ZADD', KEYS[4], 0, lives_member(tostring(fire_ms), uuid))

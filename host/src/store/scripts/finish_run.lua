@@ -31,12 +31,10 @@ batch_begin()
 -- record, and the Life's new state together.
 local function apply(plan_id, claim, outcome, next_ms, status, err, attempt, word, record,
     callback, callback_action)
-  local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
-  local lk = life_key(uuid)
-  local pl = plan_of(plan_id)
-  local function pf(name) return pfield(pl, name) end
-  local f = redis.call('HMGET', lk, pf('state'), pf('lease_owner'), pf('claims'), 'resource_id',
-    pf('term'), pf('last_error'), pf('done_by'), 'state', 'cancel_requested', 'd.fire_at_ms')
+  local uuid, kind = string.sub(plan_id, 1, -7), string.sub(plan_id, -5)
+  local lk, pn = plan_of(plan_id)
+  local f = redis.call('HMGET', lk, pn.state, pn.lease_owner, pn.claims, 'resource_id', pn.term,
+    pn.last_error, pn.done_by, 'state', 'cancel_requested', 'd.fire_at_ms')
   if f[7] == host .. '#' .. claim then
     -- Applied by the first call. The held entry went then; if it is there now, it is a
     -- newer claim of the same Plan and stays.
@@ -64,37 +62,41 @@ local function apply(plan_id, claim, outcome, next_ms, status, err, attempt, wor
   -- What this run writes into the Life's hash: the run record, the Plan's outcome, and
   -- the Life's own changes, added below. lease_owner stays as the last host that held
   -- the Plan; it only means "holds it now" while the state is Preset or Running.
-  local w = {run_field, record, pf('done_by'), host .. '#' .. claim}
-  local function put(...)
-    local args = {...}
-    for i = 1, #args do w[#w + 1] = args[i] end
+  local w = {run_field, record, pn.done_by, host .. '#' .. claim}
+  local function put(name, value)
+    w[#w + 1] = name
+    w[#w + 1] = value
   end
-  if status ~= '' then put(pf('last_status'), status) end
+  if status ~= '' then put(pn.last_status, status) end
   if err ~= '' then
-    put(pf('last_error'), err)
+    put(pn.last_error, err)
   elseif f[6] then
-    redis.call('HDEL', lk, pf('last_error'))
+    redis.call('HDEL', lk, pn.last_error)
   end
   local life_state = f[8]
   -- The Life ends as TO: counted, listed in `finished` (finish_life in common.lua).
   local function finish(to)
     census(life_state, to)
-    put('state', to, 'finished_at_ms', now_ms, 'updated_at_ms', now_ms)
+    put('state', to)
+    put('finished_at_ms', now_ms)
+    put('updated_at_ms', now_ms)
     finished_batch[#finished_batch + 1] = now_ms
     finished_batch[#finished_batch + 1] = uuid
   end
   if outcome == 'retry' and kind == 'birth' and f[9] == '1' then
     -- Cancelled while this birth ran and it did not succeed: never start it again.
-    put(pf('state'), 'Cancelled')
+    put(pn.state, 'Cancelled')
     leave_order(plan_id, f[4])
     if f[5] == '1' then cancel_plan(uuid .. ':death') end
     finish('Stillbirth')
   elseif outcome == 'retry' then
-    put(pf('state'), 'Standby', pf('fire_at_ms'), next_ms, 'updated_at_ms', now_ms)
+    put(pn.state, 'Standby')
+    put(pn.fire_at_ms, next_ms)
+    put('updated_at_ms', now_ms)
     redis.call('ZADD', KEYS[2], next_ms, plan_id)
     notify_if_soon(next_ms, notify_before)
   elseif outcome == 'done' then
-    put(pf('state'), 'Done')
+    put(pn.state, 'Done')
     leave_order(plan_id, f[4])
     if kind == 'birth' and f[5] == '1' then
       -- A term's birth: the Life is Alive and its death Plan becomes due (at once if a
@@ -105,14 +107,15 @@ local function apply(plan_id, claim, outcome, next_ms, status, err, attempt, wor
         put('d.fire_at_ms', now_ms)
       end
       census(life_state, 'Alive')
-      put('state', 'Alive', 'updated_at_ms', now_ms)
+      put('state', 'Alive')
+      put('updated_at_ms', now_ms)
       redis.call('ZADD', KEYS[2], death_ms, uuid .. ':death')
       notify_if_soon(death_ms, notify_before)
     else
       finish('Dead')
     end
   else
-    put(pf('state'), 'Failed')
+    put(pn.state, 'Failed')
     leave_order(plan_id, f[4])
     if kind == 'birth' then
       if f[5] == '1' then cancel_plan(uuid .. ':death') end

@@ -31,7 +31,8 @@ end
 -- A Plan just moved: out of the old due set (into the new one if it waited there), and
 -- handed back if a host of the old version held it.
 local function settle(plan_id, due)
-  local f = pmget(plan_of(plan_id), 'state', 'lease_owner')
+  local pk, pn = plan_of(plan_id)
+  local f = redis.call('HMGET', pk, pn.state, pn.lease_owner)
   if f[2] then redis.call('ZREM', OLD .. 'held:' .. f[2], plan_id) end
   move_member(OLD .. due, PREFIX .. due, plan_id, nil)
   if f[1] == 'Preset' or f[1] == 'Running' then
@@ -45,15 +46,16 @@ end
 local function fold(from, plan_id)
   local fields = redis.call('HGETALL', from)
   if #fields == 0 then return false end
-  local pl, out = plan_of(plan_id), {}
+  local pk, pn = plan_of(plan_id)
+  local out = {}
   for i = 1, #fields, 2 do
     -- The Life's own resource_id stands for its Plans'.
     if fields[i] ~= 'resource_id' then
-      out[#out + 1] = pfield(pl, fields[i])
+      out[#out + 1] = pn[fields[i]]
       out[#out + 1] = fields[i + 1]
     end
   end
-  if #out > 0 then redis.call('HSET', pl.k, unpack(out)) end
+  if #out > 0 then redis.call('HSET', pk, unpack(out)) end
   redis.call('DEL', from)
   return true
 end
@@ -84,7 +86,8 @@ elseif mode == 'life' then
     local id = uuid .. ':' .. kind
     if fold(OLD .. 'plan:' .. id, id) then
       settle(id, 'due')
-      local ok, action = pcall(cjson.decode, pget(plan_of(id), 'action') or '')
+      local pk, pn = plan_of(id)
+      local ok, action = pcall(cjson.decode, redis.call('HGET', pk, pn.action) or '')
       if ok and type(action) == 'table' and type(action.plugin) == 'string' then
         local plugin = string.match(action.plugin, '^[^@]+')
         redis.call('SREM', OLD .. 'plugin:' .. plugin .. ':lives', uuid)
@@ -99,7 +102,8 @@ elseif mode == 'life' then
     -- none): every unfinished Plan of the resource, by its time.
     redis.call('ZREM', OLD .. 'order:' .. rid, uuid .. ':birth', uuid .. ':death')
     for _, kind in ipairs({'birth', 'death'}) do
-      local p = pmget(plan_of(uuid .. ':' .. kind), 'state', 'fire_at_ms')
+      local pk, pn = plan_of(uuid .. ':' .. kind)
+      local p = redis.call('HMGET', pk, pn.state, pn.fire_at_ms)
       if p[1] == 'Standby' or p[1] == 'Preset' or p[1] == 'Running' then
         redis.call('ZADD', order_key(rid), p[2], uuid .. ':' .. kind)
       end

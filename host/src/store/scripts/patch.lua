@@ -9,15 +9,16 @@
 --       13 death changed (1/0), 14 resource changed (1/0)
 -- Returns {'ok'} | {'changed'} | {'cancelled'} | {'not_pending', plan} | {'resource_conflict', other}
 local uuid = ARGV[2]
-local birth, death = plan_of(uuid .. ':birth'), plan_of(uuid .. ':death')
+local bk, bn = plan_of(uuid .. ':birth')
+local dk, dn = plan_of(uuid .. ':death')
 local life = redis.call('HMGET', KEYS[1], 'version', 'state', 'birth_at_ms', 'cancel_requested')
 if (life[1] or '0') ~= ARGV[3] then return {'changed'} end
 -- After a DELETE, the Life is on its way out: its death must not be moved back.
 if life[4] == '1' then return {'cancelled'} end
 local birth_changed, death_changed = ARGV[12] == '1', ARGV[13] == '1'
 local resource_changed = ARGV[14] == '1'
-local bstate = pget(birth, 'state')
-local dstate = pget(death, 'state')
+local bstate = redis.call('HGET', bk, bn.state)
+local dstate = redis.call('HGET', dk, dn.state)
 local function pending(s) return s == 'Standby' or s == 'Preset' end
 if (birth_changed or resource_changed) and not (life[2] == 'Inexistent' and pending(bstate)) then
   return {'not_pending', 'birth'}
@@ -33,7 +34,7 @@ end
 
 if birth_changed then
   release_claim(uuid .. ':birth')
-  pset(birth, 'state', 'Standby', 'fire_at_ms', ARGV[5], 'action', ARGV[7])
+  redis.call('HSET', bk, bn.state, 'Standby', bn.fire_at_ms, ARGV[5], bn.action, ARGV[7])
   redis.call('ZADD', KEYS[2], birth_ms, uuid .. ':birth')
   redis.call('ZREM', KEYS[3], lives_member(life[3], uuid))
   redis.call('ZADD', KEYS[3], 0, lives_member(ARGV[5], uuid))
@@ -42,7 +43,7 @@ if birth_changed then
 end
 if death_changed then
   release_claim(uuid .. ':death')
-  pset(death, 'state', 'Standby', 'fire_at_ms', ARGV[6], 'action', ARGV[8])
+  redis.call('HSET', dk, dn.state, 'Standby', dn.fire_at_ms, ARGV[6], dn.action, ARGV[8])
   redis.call('HSET', KEYS[1], 'death_at_ms', ARGV[6])
   -- Only an Alive Life's death Plan is in the due set.
   if life[2] == 'Alive' then
@@ -56,11 +57,11 @@ if old_rid then
   redis.call('ZREM', order_key(old_rid), uuid .. ':birth', uuid .. ':death')
 end
 if ARGV[4] ~= '' then
-  local b = pmget(birth, 'state', 'fire_at_ms')
+  local b = redis.call('HMGET', bk, bn.state, bn.fire_at_ms)
   if b[1] == 'Standby' or b[1] == 'Preset' or b[1] == 'Running' then
     redis.call('ZADD', order_key(ARGV[4]), b[2], uuid .. ':birth')
   end
-  local d = pmget(death, 'state', 'fire_at_ms')
+  local d = redis.call('HMGET', dk, dn.state, dn.fire_at_ms)
   if d[1] == 'Standby' or d[1] == 'Preset' or d[1] == 'Running' then
     redis.call('ZADD', order_key(ARGV[4]), d[2], uuid .. ':death')
   end

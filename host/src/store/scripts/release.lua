@@ -10,11 +10,11 @@
 -- Returns the number of Plans moved back to the due set.
 local moved, done = 0, {}
 for i = 5, #ARGV, 2 do
-  local pl = plan_of(ARGV[i])
-  if not pexists(pl) then
+  local pk, pn = plan_of(ARGV[i])
+  if redis.call('HEXISTS', pk, pn.state) == 0 then
     -- The Plan is gone (deleted with its queue or timer): only the entry is left.
     done[#done + 1] = ARGV[i]
-  elseif pget(pl, 'lease_owner') == ARGV[2] then
+  elseif redis.call('HGET', pk, pn.lease_owner) == ARGV[2] then
     local r = hand_back(ARGV[i], ARGV[3], ARGV[4], ARGV[i + 1])
     if r == 1 then
       moved = moved + 1

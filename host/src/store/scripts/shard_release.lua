@@ -14,7 +14,7 @@ if o[1] ~= ARGV[2] or o[2] ~= ARGV[3] then return {0, -1} end
 local ids = redis.call('ZRANGE', KEYS[2], 0, tonumber(ARGV[4]) - 1)
 local moved = 0
 for _, id in ipairs(ids) do
-  if pexists(plan_of(id)) then
+  if plan_exists(id) then
     moved = moved + hand_back(id, ARGV[5], nil, nil)
   end
 end

@@ -121,7 +121,7 @@ end
 
 -- A task whose first attempt did not start by its expires_at_ms (f[9]): into its
 -- queue's failed list as Expired, never run.
-local function drop_expired_task(plan_id, pl, f)
+local function drop_expired_task(plan_id, pk, pn, f)
   local queue, task = string.match(plan_id, '^([^/]+)/(.*):task$')
   local qk = PREFIX .. 'queue:' .. queue
   local err = 'not started by ' .. f[9] .. ' ms (its expire_after past its ETA); dropped at '
@@ -129,7 +129,8 @@ local function drop_expired_task(plan_id, pl, f)
   local record = cjson.encode({plan = 'task', attempt = 1, should_run_at = tonumber(f[4]),
     started_at = now_ms, duration_ms = 0, host = host, outcome = 'expired', error = err})
   release_claim(plan_id)
-  pset(pl, 'state', 'Expired', 'last_error', err, 'last_run', record, 'failed_at_ms', now_ms)
+  redis.call('HSET', pk, pn.state, 'Expired', pn.last_error, err, pn.last_run, record,
+    pn.failed_at_ms, now_ms)
   redis.call('ZREM', qk .. ':tasks', task)
   redis.call('ZADD', qk .. ':failed', now_ms, task)
   add_run(KEYS[2], ARGV[5], 'queue', queue, 'task', task, 'outcome', 'expired',
@@ -139,9 +140,9 @@ end
 for i = 6, #ARGV, 2 do
   local plan_id, claim = ARGV[i], ARGV[i + 1]
   local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
-  local pl = plan_of(plan_id)
-  local f = pmget(pl, 'state', 'lease_owner', 'claims', 'fire_at_ms', 'resource_id', 'attempts',
-    'interrupted', 'term', 'expires_at_ms', 'ck')
+  local pk, pn = plan_of(plan_id)
+  local f = redis.call('HMGET', pk, pn.state, pn.lease_owner, pn.claims, pn.fire_at_ms,
+    pn.resource_id, pn.attempts, pn.interrupted, pn.term, pn.expires_at_ms, pn.ck)
   local result
   if f[1] == 'Running' and f[2] == host and f[3] == claim then
     result = 'run:' .. (f[6] or '1')
@@ -150,7 +151,7 @@ for i = 6, #ARGV, 2 do
   elseif kind == 'birth' and now_ms - tonumber(f[4]) > limit then
     local late = now_ms - tonumber(f[4])
     local lk = life_key(uuid)
-    pdel(pl, 'lease_owner')
+    redis.call('HDEL', pk, pn.lease_owner)
     redis.call('ZREM', KEYS[1], plan_id)
     leave_order(plan_id, f[5] or false)
     if f[7] and f[8] == '1' then
@@ -159,9 +160,10 @@ for i = 6, #ARGV, 2 do
       -- the Life counts as Alive (birth_uncertain) and its death runs at its time.
       local err = 'birth missed by ' .. late .. ' ms, more than birth_delay_limit_time, after an attempt cut off by a host crash that may have reached the target; not run again, its death follows'
       local record = record_invalidated(uuid, f, err)
-      pset(pl, 'state', 'Invalidated', 'last_error', err)
+      redis.call('HSET', pk, pn.state, 'Invalidated', pn.last_error, err)
       local death_id = uuid .. ':death'
-      local death_ms = pget(plan_of(death_id), 'fire_at_ms')
+      local dk, dn = plan_of(death_id)
+      local death_ms = redis.call('HGET', dk, dn.fire_at_ms)
       census(redis.call('HGET', lk, 'state'), 'Alive')
       redis.call('HSET', lk, 'state', 'Alive', 'birth_uncertain', 1, 'updated_at_ms', now_ms,
         'run:birth:invalidated', record)
@@ -174,7 +176,7 @@ for i = 6, #ARGV, 2 do
     else
       local err = 'birth missed by ' .. late .. ' ms, more than birth_delay_limit_time'
       local record = record_invalidated(uuid, f, err)
-      pset(pl, 'state', 'Invalidated', 'last_error', err)
+      redis.call('HSET', pk, pn.state, 'Invalidated', pn.last_error, err)
       cancel_plan(uuid .. ':death')
       finish_life(lk, uuid, 'Invalidated', now_ms, 'run:birth:invalidated', record)
       add_run(KEYS[2], ARGV[5], 'life', uuid, 'plan', 'birth',
@@ -182,7 +184,7 @@ for i = 6, #ARGV, 2 do
     end
     result = 'invalidated'
   elseif f[9] and now_ms > tonumber(f[9]) and (tonumber(f[6]) or 0) == 0 then
-    drop_expired_task(plan_id, pl, f)
+    drop_expired_task(plan_id, pk, pn, f)
     result = 'dropped'
   else
     local queue = task_queue(plan_id)
@@ -198,15 +200,15 @@ for i = 6, #ARGV, 2 do
     elseif wait == 0 then
       local attempts = (tonumber(f[6]) or 0) + 1
       if queue and attempts == 1 then
-        pset(pl, 'state', 'Running', 'attempts', attempts, 'started_at_ms', now_ms,
-          'first_attempt_ms', now_ms)
+        redis.call('HSET', pk, pn.state, 'Running', pn.attempts, attempts, pn.started_at_ms, now_ms,
+          pn.first_attempt_ms, now_ms)
       else
-        pset(pl, 'state', 'Running', 'attempts', attempts, 'started_at_ms', now_ms)
+        redis.call('HSET', pk, pn.state, 'Running', pn.attempts, attempts, pn.started_at_ms, now_ms)
       end
       result = 'run:' .. attempts
     else
       release_claim(plan_id)
-      pset(pl, 'state', 'Standby')
+      redis.call('HSET', pk, pn.state, 'Standby')
       if wait == WAIT_IN_QUEUE then
         redis.call('ZADD', waiting_key(queue), f[4], plan_id)
       elseif wait == WAIT_FOR_KEY then
