@@ -833,7 +833,7 @@ impl Store {
                     .unwrap_or_default()
             };
             let lives = self
-                .hashes_by_shard(
+                .summaries_by_shard(
                     members
                         .iter()
                         .map(|(shard, m)| (*shard, self.shard(*shard).life(&uuid_of(m))))
@@ -914,9 +914,11 @@ impl Store {
         Ok((merged, horizon.is_none()))
     }
 
-    /// HGETALL of many keys, one pipeline per shard (a cluster takes no pipeline across
-    /// slots), all shards at once; results in the order asked.
-    pub(crate) async fn hashes_by_shard(
+    /// The fields [`life_summary`] shows of many Lives, one pipeline per shard (a cluster
+    /// takes no pipeline across slots), all shards at once; results in the order asked.
+    /// HMGET, not HGETALL: a Life's hash also holds its Plans' actions and its run
+    /// history, which a listing does not show.
+    pub(crate) async fn summaries_by_shard(
         &self,
         keys: Vec<(u32, String)>,
     ) -> Result<Vec<Hash>, redis::RedisError> {
@@ -930,9 +932,16 @@ impl Store {
             async move {
                 let mut pipe = redis::pipe();
                 for (_, key) in &items {
-                    pipe.hgetall(key);
+                    pipe.cmd("HMGET").arg(key).arg(&SUMMARY_FIELDS);
                 }
-                let hashes: Vec<Hash> = pipe.query_async(&mut conn).await?;
+                let values: Vec<Vec<Option<String>>> = pipe.query_async(&mut conn).await?;
+                let hashes = values.into_iter().map(|v| {
+                    SUMMARY_FIELDS
+                        .iter()
+                        .zip(v)
+                        .filter_map(|(f, v)| Some((f.to_string(), v?)))
+                        .collect::<Hash>()
+                });
                 Ok::<_, redis::RedisError>(items.into_iter().map(|(i, _)| i).zip(hashes))
             }
         });
@@ -1063,6 +1072,23 @@ pub(crate) fn lex_in_range(member: &str, min: &str, max: &str) -> bool {
     above && below
 }
 
+/// Every field of a Life's hash that [`life_summary`] reads.
+const SUMMARY_FIELDS: [&str; 13] = [
+    "schedule_type",
+    "state",
+    "resource_id",
+    "birth_at_ms",
+    "death_at_ms",
+    "created_at_ms",
+    "created_at",
+    "updated_at_ms",
+    "finished_at_ms",
+    "cancel_requested",
+    "callback_of",
+    "debounce_key",
+    "debounced",
+];
+
 /// The fields of a Life common to the list and the detail view.
 /// What the API shows of a Life, from its hash; times are kept in ms and rendered here
 /// in `tz` (hashes written before 0.2 also kept an RFC 3339 `created_at`).
@@ -1148,6 +1174,51 @@ mod tests {
         assert!(lex_in_range(&b, "(0000000000999:zz", "+"));
         assert!(!lex_in_range(&a, "(0000000000999:zz", "+"));
         assert!(lex_in_range(&b, "[1765811100000", "[1765811100000:\u{7f}"));
+    }
+
+    #[test]
+    fn a_listing_reads_every_field_a_summary_shows() {
+        // Every field a Life's hash may hold, its Plans' and history included.
+        let full: Hash = [
+            ("schedule_type", "term"),
+            ("state", "Dead"),
+            ("resource_id", "conn-1"),
+            ("birth_at_ms", "1765811100000"),
+            ("death_at_ms", "1765811200000"),
+            ("created_at_ms", "1765811000000"),
+            ("created_at", "2025-12-15T15:03:20Z"),
+            ("updated_at_ms", "1765811300000"),
+            ("finished_at_ms", "1765811300000"),
+            ("cancel_requested", "1"),
+            ("callback_of", "x:birth"),
+            ("debounce_key", "k"),
+            ("debounced", "3"),
+            ("version", "2"),
+            ("birth_uncertain", "1"),
+            ("b.state", "Done"),
+            ("b.action", "{}"),
+            ("d.state", "Done"),
+            ("run:birth:1", "{}"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let listed: Hash = full
+            .iter()
+            .filter(|(k, _)| SUMMARY_FIELDS.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(
+            life_summary("x", &listed, chrono_tz::UTC),
+            life_summary("x", &full, chrono_tz::UTC)
+        );
+        // Without created_at_ms, the older RFC 3339 field shows.
+        let mut old = listed.clone();
+        old.remove("created_at_ms");
+        assert_eq!(
+            life_summary("x", &old, chrono_tz::UTC)["created_at"],
+            "2025-12-15T15:03:20Z"
+        );
     }
 
     #[test]
