@@ -789,8 +789,8 @@ async fn main() {
 /// Issue 17 at scale: 1,000,000 pending point Lives (small webhook action, a day ahead)
 /// booked into one Redis at `hash-max-listpack-value 1024` (as `kairos serve` runs its
 /// own): the booking rate and Redis bytes per Life, then, with all of them pending, the
-/// time to list 50 and to GET one by id, and the lateness of 1,000 fires/s for 10 s.
-/// Set `KAIROS_BENCH_PENDING` for another count.
+/// time to list 50 and to GET one by id, the lateness of 1,000 fires/s for 10 s, and
+/// the storage ceiling on the same server. Set `KAIROS_BENCH_PENDING` for another count.
 async fn bench_pending_million() {
     let count: usize = std::env::var("KAIROS_BENCH_PENDING")
         .ok()
@@ -872,6 +872,10 @@ async fn bench_pending_million() {
         percentile(&lat, 0.5),
         percentile(&lat, 0.99),
         percentile(&lat, 1.0)
+    );
+    println!(
+        "| ceiling: `redis-benchmark -t zadd -c 64` on the same server, after the above | {:.0} ZADD/s |",
+        redis_benchmark(redis.port, 1)
     );
     println!();
 }
