@@ -230,6 +230,16 @@ impl Engine {
         batch: Vec<(Claimed, OwnedSemaphorePermit)>,
         finished: &mpsc::UnboundedSender<Finished>,
     ) {
+        // A Plan that a drain of its shard let go of since it fired does not start here
+        // (it goes back with the shard); the others count as busy from now on, so that
+        // the drain waits for this start's answer before it hands the shard back.
+        let batch: Vec<(Claimed, OwnedSemaphorePermit)> = batch
+            .into_iter()
+            .filter(|(plan, _)| self.mark_starting(plan))
+            .collect();
+        if batch.is_empty() {
+            return;
+        }
         let now_ms = self.clock.now_ms();
         let actions: Vec<Result<Action, String>> = batch
             .iter()
@@ -261,6 +271,7 @@ impl Engine {
                     tracing::warn!(error = %e, plans = batch.len(), "cannot start runs; trying again");
                 }
                 for (plan, _) in batch {
+                    self.mark_idle(&plan);
                     self.schedule(plan, now_ms + STORE_ERROR_RETRY_MS);
                 }
                 return;
@@ -270,7 +281,6 @@ impl Engine {
         for (((plan, slot), action), outcome) in batch.into_iter().zip(actions).zip(outcomes) {
             match outcome {
                 StartOutcome::Run { attempts } => {
-                    self.mark_running(&plan);
                     let engine = self.clone();
                     let finished = finished.clone();
                     self.running.fetch_add(1, Ordering::AcqRel);
@@ -291,11 +301,15 @@ impl Engine {
                         let _ = finished.send(Finished { run });
                     });
                 }
-                StartOutcome::Busy => self.schedule(plan, now_ms + RESOURCE_BUSY_RETRY_MS),
+                StartOutcome::Busy => {
+                    self.mark_idle(&plan);
+                    self.schedule(plan, now_ms + RESOURCE_BUSY_RETRY_MS)
+                }
                 StartOutcome::Expired => {
                     // Renew the lease (the shard keeper does it now), then try again: if
                     // the shard was taken over meanwhile, the fence says so.
                     self.lease_lost();
+                    self.mark_idle(&plan);
                     self.schedule(plan, now_ms + LEASE_EXPIRED_RETRY_MS);
                 }
                 StartOutcome::Invalidated => {

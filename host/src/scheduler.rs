@@ -140,9 +140,74 @@ struct Tracked {
 struct TrackedPlan {
     task: bool,
     shard: u32,
-    /// Started (its action may be under way): a shard is given up only once none of its
-    /// Plans is.
-    running: bool,
+    /// Its start_run is on its way to Redis, or it started (its action may be under
+    /// way): a shard is given up only once none of its Plans is busy. A start counts
+    /// too, because start_run may mark the Plan Running in Redis just before a drain
+    /// hands the shard's held Plans back (the next owner would run it beside this host).
+    busy: bool,
+}
+
+/// A tracked Plan's key: (Plan id, claim number).
+fn tracked_key(plan: &Claimed) -> (String, String) {
+    (plan.plan_id.clone(), plan.claim.clone())
+}
+
+impl Tracked {
+    fn track(&mut self, plan: &Claimed) {
+        let task = matches!(plan.owner(), Some(Owner::Task { .. }));
+        let previous = self.plans.insert(
+            tracked_key(plan),
+            TrackedPlan {
+                task,
+                shard: plan.shard,
+                busy: false,
+            },
+        );
+        if task && previous.is_none() {
+            self.tasks += 1;
+        }
+    }
+
+    fn forget(&mut self, plan: &Claimed) {
+        if let Some(gone) = self.plans.remove(&tracked_key(plan)) {
+            if gone.task {
+                self.tasks -= 1;
+            }
+        }
+    }
+
+    /// Marks a Plan busy or not; false when it is not tracked.
+    fn set_busy(&mut self, plan: &Claimed, busy: bool) -> bool {
+        match self.plans.get_mut(&tracked_key(plan)) {
+            Some(p) => {
+                p.busy = busy;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn busy_in(&self, shard: u32) -> usize {
+        self.plans
+            .values()
+            .filter(|p| p.shard == shard && p.busy)
+            .count()
+    }
+
+    /// Lets go of a shard's Plans that are not busy; how many went.
+    fn let_go_of_shard(&mut self, shard: u32) -> usize {
+        let before = self.plans.len();
+        let mut tasks_gone = 0;
+        self.plans.retain(|_, p| {
+            let keep = p.shard != shard || p.busy;
+            if !keep && p.task {
+                tasks_gone += 1;
+            }
+            keep
+        });
+        self.tasks -= tasks_gone;
+        before - self.plans.len()
+    }
 }
 
 /// Fired Plans waiting for a worker, best first: priority rank (1 first), then fire time,
@@ -306,81 +371,55 @@ impl Engine {
 
     /// A claimed Plan entered this host's memory.
     fn track(&self, plan: &Claimed) {
-        let task = matches!(plan.owner(), Some(Owner::Task { .. }));
-        let mut tracked = self.tracked.lock().expect("tracked lock");
-        let previous = tracked.plans.insert(
-            (plan.plan_id.clone(), plan.claim.clone()),
-            TrackedPlan {
-                task,
-                shard: plan.shard,
-                running: false,
-            },
-        );
-        if task && previous.is_none() {
-            tracked.tasks += 1;
-        }
+        self.tracked.lock().expect("tracked lock").track(plan);
     }
 
     /// A Plan left this host's memory (finished, lost or handed back).
     pub(crate) fn forget(&self, plan: &Claimed) {
-        let mut tracked = self.tracked.lock().expect("tracked lock");
-        if let Some(gone) = tracked
-            .plans
-            .remove(&(plan.plan_id.clone(), plan.claim.clone()))
-        {
-            if gone.task {
-                tracked.tasks -= 1;
-            }
-        }
-        drop(tracked);
+        self.tracked.lock().expect("tracked lock").forget(plan);
         if self.starved.swap(false, Ordering::AcqRel) {
             self.claim_wakeup.notify_one();
         }
     }
 
-    /// A tracked Plan has started: its shard is not given up until it is recorded.
-    pub(crate) fn mark_running(&self, plan: &Claimed) {
-        let mut tracked = self.tracked.lock().expect("tracked lock");
-        if let Some(p) = tracked
-            .plans
-            .get_mut(&(plan.plan_id.clone(), plan.claim.clone()))
-        {
-            p.running = true;
-        }
-    }
-
-    /// Runs of `shard` under way on this host.
-    pub(crate) fn running_in(&self, shard: u32) -> usize {
+    /// A tracked Plan is about to be started: its shard is not given up until its start
+    /// is answered and, if it runs, its outcome recorded. False when it is no longer
+    /// tracked (a drain of its shard let go of it): it must not start here.
+    pub(crate) fn mark_starting(&self, plan: &Claimed) -> bool {
         self.tracked
             .lock()
             .expect("tracked lock")
-            .plans
-            .values()
-            .filter(|p| p.shard == shard && p.running)
-            .count()
+            .set_busy(plan, true)
     }
 
-    /// Lets go of a shard's Plans in memory that have not started: off the timer and out
-    /// of `tracked` (fired ones waiting for a worker are dropped when they reach it, as
-    /// the shard is no longer active). Runs under way are left to finish.
+    /// A Plan whose start was put off (it waits in memory again): a drain of its shard
+    /// need not wait for it.
+    pub(crate) fn mark_idle(&self, plan: &Claimed) {
+        self.tracked
+            .lock()
+            .expect("tracked lock")
+            .set_busy(plan, false);
+    }
+
+    /// Runs of `shard` under way or starting on this host.
+    pub(crate) fn running_in(&self, shard: u32) -> usize {
+        self.tracked.lock().expect("tracked lock").busy_in(shard)
+    }
+
+    /// Lets go of a shard's Plans in memory that are not starting or running: off the
+    /// timer and out of `tracked` (fired ones waiting for a worker are dropped when they
+    /// reach it, as the shard is no longer active). Starts and runs under way are left
+    /// to finish.
     pub(crate) fn forget_shard(&self, shard: u32) {
         self.timer
             .lock()
             .expect("timer lock")
             .retain(|_, plan| plan.shard != shard);
-        let mut tracked = self.tracked.lock().expect("tracked lock");
-        let before = tracked.plans.len();
-        let mut tasks_gone = 0;
-        tracked.plans.retain(|_, p| {
-            let keep = p.shard != shard || p.running;
-            if !keep && p.task {
-                tasks_gone += 1;
-            }
-            keep
-        });
-        tracked.tasks -= tasks_gone;
-        let gone = before - tracked.plans.len();
-        drop(tracked);
+        let gone = self
+            .tracked
+            .lock()
+            .expect("tracked lock")
+            .let_go_of_shard(shard);
         self.dirty.lock().expect("dirty lock").remove(&shard);
         self.next_task_ms
             .lock()
@@ -889,6 +928,31 @@ mod tests {
         );
         // Frozen, and nothing renewed yet: run out by the clock.
         assert!(!lease.intact(lease.token(), 13_500));
+    }
+
+    #[test]
+    fn a_drain_waits_for_a_start_under_way_and_the_plans_it_let_go_of_never_start() {
+        let mut t = Tracked::default();
+        let (starting, waiting) = (plan("a:birth", 100, None), plan("b:birth", 100, None));
+        t.track(&starting);
+        t.track(&waiting);
+        // `starting`'s start_run is on its way to Redis when the shard is drained.
+        assert!(t.set_busy(&starting, true));
+        assert_eq!(t.let_go_of_shard(0), 1, "only the Plan not starting goes");
+        assert_eq!(
+            t.busy_in(0),
+            1,
+            "the shard is not handed back while a start may mark a Plan Running"
+        );
+        assert!(
+            !t.set_busy(&waiting, true),
+            "a Plan let go of does not start here: the next owner has it"
+        );
+        // Its start was put off (resource busy): the drain need not wait for it.
+        assert!(t.set_busy(&starting, false));
+        assert_eq!(t.busy_in(0), 0);
+        assert_eq!(t.let_go_of_shard(0), 1);
+        assert!(t.plans.is_empty());
     }
 
     #[test]
