@@ -13,12 +13,17 @@
 //! put them. Nothing is copied: keys are renamed, so the migration needs no extra memory.
 
 use std::collections::BTreeSet;
+
+use futures_util::{StreamExt, TryStreamExt};
 use std::sync::Arc;
 
 use super::{open_layout, Conn, Keys, Scripts, Store, Target, LAYOUT};
 
 /// Objects looked at per batch.
 const BATCH: isize = 500;
+/// Fold calls in flight at once: the connection pipelines them, so a Life costs its
+/// script's time in Redis, not a round trip.
+const FOLD_IN_FLIGHT: usize = 64;
 
 /// What a migration moved.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -338,8 +343,10 @@ impl Migration<'_> {
 
     /// Layout 2 to 3: in every shard, each Life's Plan hashes (`plan:{uuid}:{kind}`)
     /// become fields of the Life's hash (`scripts/migrate.lua`, mode `fold`). The Lives
-    /// are read from each shard's `lives` index a page at a time; a Life folded already
-    /// has no Plan hash left and is passed over, so a run cut off is finished by the next.
+    /// are read from each shard's `lives` index a page at a time, and a page's Lives
+    /// folded FOLD_IN_FLIGHT at a time (each in one script call of its own); a Life
+    /// folded already has no Plan hash left and is passed over, so a run cut off is
+    /// finished by the next.
     async fn fold_plans(&mut self) -> RedisResult<()> {
         for shard in 0..self.store.shard_count() {
             let lives = self.store.shard(shard).lives();
@@ -352,12 +359,15 @@ impl Migration<'_> {
                             .arg(page * BATCH + BATCH - 1),
                     )
                     .await?;
-                for member in &members {
-                    let uuid = member.split_once(':').map(|(_, u)| u).unwrap_or(member);
-                    if self.object(shard, "fold", uuid, &[]).await? {
-                        self.report.folded_lives += 1;
-                    }
-                }
+                let folded: Vec<bool> = futures_util::stream::iter(&members)
+                    .map(|member| {
+                        let uuid = member.split_once(':').map(|(_, u)| u).unwrap_or(member);
+                        self.object(shard, "fold", uuid, &[])
+                    })
+                    .buffer_unordered(FOLD_IN_FLIGHT)
+                    .try_collect()
+                    .await?;
+                self.report.folded_lives += folded.into_iter().filter(|f| *f).count() as u64;
                 if (members.len() as isize) < BATCH {
                     break;
                 }
