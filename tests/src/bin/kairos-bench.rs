@@ -648,6 +648,10 @@ async fn bench_cpu() {
         })
         .collect();
     println!("| commands by time (commandstats) | {} |", top.join("; "));
+    println!(
+        "| ceiling: `redis-benchmark -t zadd -c 64` on the same server, after the above | {:.0} ZADD/s |",
+        redis_benchmark(redis.port, 1)
+    );
     println!();
 }
 
