@@ -188,6 +188,25 @@ const FINISH_BATCH: usize = 256;
 /// takes seconds).
 const RECORD_PATIENCE: Duration = Duration::from_secs(30);
 
+/// Test hook, in debug builds only: `KAIROS_TEST_HOLD_START_MS` holds every start_run
+/// answer that long before the host acts on it, as a slow network would, so that an
+/// end-to-end test can drain a shard while starts it sent are applied in Redis but not
+/// yet answered here (tests/tests/faults.rs). Release builds have no such hook.
+async fn hold_start_answer() {
+    #[cfg(debug_assertions)]
+    {
+        static HOLD: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+        let hold = HOLD.get_or_init(|| {
+            std::env::var("KAIROS_TEST_HOLD_START_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+        });
+        if let Some(ms) = hold {
+            tokio::time::sleep(Duration::from_millis(*ms)).await;
+        }
+    }
+}
+
 /// A run waiting for its outcome to be written.
 pub(crate) struct Finished {
     run: FinishedRun,
@@ -261,6 +280,7 @@ impl Engine {
                 self.config.birth_delay_limit_time.as_millis() as i64,
             )
             .await;
+        hold_start_answer().await;
         let outcomes = match outcomes {
             Ok(o) if o.len() == batch.len() => o,
             other => {
