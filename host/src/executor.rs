@@ -291,8 +291,7 @@ impl Engine {
                     tracing::warn!(error = %e, plans = batch.len(), "cannot start runs; trying again");
                 }
                 for (plan, _) in batch {
-                    self.mark_idle(&plan);
-                    self.schedule(plan, now_ms + STORE_ERROR_RETRY_MS);
+                    self.put_off(plan, now_ms + STORE_ERROR_RETRY_MS);
                 }
                 return;
             }
@@ -321,16 +320,12 @@ impl Engine {
                         let _ = finished.send(Finished { run });
                     });
                 }
-                StartOutcome::Busy => {
-                    self.mark_idle(&plan);
-                    self.schedule(plan, now_ms + RESOURCE_BUSY_RETRY_MS)
-                }
+                StartOutcome::Busy => self.put_off(plan, now_ms + RESOURCE_BUSY_RETRY_MS),
                 StartOutcome::Expired => {
                     // Renew the lease (the shard keeper does it now), then try again: if
                     // the shard was taken over meanwhile, the fence says so.
                     self.lease_lost();
-                    self.mark_idle(&plan);
-                    self.schedule(plan, now_ms + LEASE_EXPIRED_RETRY_MS);
+                    self.put_off(plan, now_ms + LEASE_EXPIRED_RETRY_MS);
                 }
                 StartOutcome::Invalidated => {
                     self.metrics

@@ -392,17 +392,18 @@ impl Engine {
             .set_busy(plan, true)
     }
 
-    /// A Plan whose start was put off (it waits in memory again): a drain of its shard
-    /// need not wait for it.
-    pub(crate) fn mark_idle(&self, plan: &Claimed) {
+    /// A Plan whose start was put off: back into the timer for `at_ms`, and no longer
+    /// busy (a drain of its shard need not wait for it).
+    pub(crate) fn put_off(&self, plan: Claimed, at_ms: i64) {
         self.tracked
             .lock()
             .expect("tracked lock")
-            .set_busy(plan, false);
+            .set_busy(&plan, false);
+        self.schedule(plan, at_ms);
     }
 
-    /// Runs of `shard` under way or starting on this host.
-    pub(crate) fn running_in(&self, shard: u32) -> usize {
+    /// Starts and runs of `shard` under way on this host.
+    pub(crate) fn busy_in(&self, shard: u32) -> usize {
         self.tracked.lock().expect("tracked lock").busy_in(shard)
     }
 

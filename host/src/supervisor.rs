@@ -270,7 +270,7 @@ impl Engine {
 
     /// Gives a draining shard up once none of its runs is still going on this host.
     async fn finish_draining(&self, shard: u32, gen: u64) {
-        if self.running_in(shard) > 0 {
+        if self.busy_in(shard) > 0 {
             return;
         }
         self.forget_shard(shard);

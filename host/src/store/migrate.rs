@@ -13,9 +13,9 @@
 //! put them. Nothing is copied: keys are renamed, so the migration needs no extra memory.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use futures_util::{StreamExt, TryStreamExt};
-use std::sync::Arc;
 
 use super::{open_layout, Conn, Keys, Scripts, Store, Target, LAYOUT};
 
