@@ -1038,6 +1038,14 @@ impl Api {
     pub async fn get(&self, path: &str) -> Reply {
         self.raw(Method::GET, path, Vec::new(), &[]).await
     }
+    /// `kairos_shards_owned` from the host's /metrics (0 when absent).
+    pub async fn shards_owned(&self) -> i64 {
+        let (_, text) = self.text("/metrics").await;
+        text.lines()
+            .find_map(|l| l.strip_prefix("kairos_shards_owned "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
     /// GET of a text answer (such as /metrics): status and body.
     pub async fn text(&self, path: &str) -> (u16, String) {
         let mut req = hyper::Request::builder().uri(format!("{}{}", self.base, path));

@@ -310,7 +310,7 @@ async fn three_hosts_one_killed_one_frozen_fire_every_plan_never_twice_at_once()
     loop {
         let mut owned = Vec::new();
         for h in &hosts {
-            owned.push(shards_owned(&Api::new(h)).await);
+            owned.push(Api::new(h).shards_owned().await);
         }
         if owned.iter().all(|n| *n > 0) && owned.iter().sum::<i64>() == 32 {
             break;
@@ -354,8 +354,8 @@ async fn three_hosts_one_killed_one_frozen_fire_every_plan_never_twice_at_once()
     // The resumed host works again: the shards split between the two live hosts.
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {
-        let a = shards_owned(&Api::new(&hosts[0])).await;
-        let b = shards_owned(&Api::new(&hosts[1])).await;
+        let a = Api::new(&hosts[0]).shards_owned().await;
+        let b = Api::new(&hosts[1]).shards_owned().await;
         if a + b == 32 && a > 0 && b > 0 {
             break;
         }
@@ -365,15 +365,6 @@ async fn three_hosts_one_killed_one_frozen_fire_every_plan_never_twice_at_once()
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// `kairos_shards_owned` from a host's /metrics.
-async fn shards_owned(api: &Api) -> i64 {
-    let (_, text) = api.text("/metrics").await;
-    text.lines()
-        .find_map(|l| l.strip_prefix("kairos_shards_owned "))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(0)
 }
 
 /// `kairos migrate` folds a keyspace of layout 2 (a hash per Plan) on a cluster: each

@@ -282,19 +282,12 @@ async fn shards_move_to_a_host_that_joins_and_from_one_that_stops() {
     let args = flags(&sink, &[]);
     let mut first = Host::start(&redis.url(), &args);
     let api = Api::new(&first);
-    let owned = |api: Api| async move {
-        let (_, text) = api.text("/metrics").await;
-        text.lines()
-            .find_map(|l| l.strip_prefix("kairos_shards_owned "))
-            .and_then(|v| v.trim().parse::<i64>().ok())
-            .unwrap_or(0)
-    };
     let wait_split = |want: Vec<(Api, std::ops::RangeInclusive<i64>)>, within: Duration| async move {
         let deadline = std::time::Instant::now() + within;
         loop {
             let mut now = Vec::new();
             for (api, _) in &want {
-                now.push(owned(api.clone()).await);
+                now.push(api.shards_owned().await);
             }
             if want.iter().zip(&now).all(|((_, r), n)| r.contains(n))
                 && now.iter().sum::<i64>() == 32
@@ -381,13 +374,10 @@ async fn a_drain_waits_for_the_answers_of_the_starts_under_way() {
         .filter(|id| sink.received_for(id).len() > 1)
         .collect();
     assert!(twice.is_empty(), "called twice: {twice:?}");
-    let (_, metrics) = Api::new(&second).text("/metrics").await;
-    let owned = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("kairos_shards_owned "))
-        .and_then(|v| v.trim().parse::<i64>().ok())
-        .unwrap_or(0);
-    assert!(owned > 0, "the second host took its share of the shards");
+    assert!(
+        Api::new(&second).shards_owned().await > 0,
+        "the second host took its share of the shards"
+    );
     drop(first);
 }
 
