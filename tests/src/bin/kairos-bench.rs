@@ -779,6 +779,9 @@ async fn main() {
     if args.iter().any(|a| a == "memory-shapes") {
         bench_memory_shapes().await;
     }
+    if args.iter().any(|a| a == "scripts") {
+        bench_scripts().await;
+    }
     if args.iter().any(|a| a == "pending-1m") {
         bench_pending_million().await;
     }
@@ -1296,4 +1299,182 @@ async fn finished_bytes(listpack_limit: &str, count: usize) -> f64 {
     wait_for(2_000 + count).await;
     let after = used_memory(&redis).await;
     (after - before) as f64 / count as f64
+}
+
+/// Issue 10's Redis CPU per fire, taken apart: 100,000 point Lives booked into one shard,
+/// then claimed, started and finished through the store's own calls (the scripts a host
+/// runs, with its arguments), in batches of `KAIROS_BENCH_BATCH` Plans (default 16: about
+/// what a host under load sends per shard and call), with Redis's `used_cpu_user +
+/// used_cpu_sys` read around each phase. No host, sink or HTTP shares the machine, so
+/// the figures are the scripts' own, without the noise of a whole drain. Beside them,
+/// the floor of the same layout: each phase's one HMGET and one HSET per Plan, with the
+/// same fields, and nothing else (no index, no fence, no logic).
+async fn bench_scripts() {
+    use kairos::model::{Action, NewLife, ScheduleType, WebhookAction};
+    use kairos::store::{
+        ClaimReply, FinishedRun, RunOutcome, RunRecord, StartOutcome, Store, Takeover,
+    };
+
+    let count = 100_000usize;
+    let batch: usize = std::env::var("KAIROS_BENCH_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(16);
+    println!("## Redis CPU per Plan of each firing script ({count} point Lives, one shard, batches of {batch})\n");
+    let redis = RedisServer::start_with_fsync("everysec");
+    let store = Store::connect(&redis.url(), "kairos", "UTC".parse().unwrap(), Some(1))
+        .await
+        .expect("open the keyspace");
+    let host = "bench-host-1";
+    let gen = match store.shard_takeover(0, host, 600_000).await.unwrap() {
+        Takeover::Taken { gen, .. } => gen,
+        Takeover::HeldBy(other) => panic!("the shard is held by {other}"),
+    };
+    let action: WebhookAction = serde_json::from_value(json!({
+        "url": "http://127.0.0.1:9/bench", "method": "POST", "body": {"n": 1}
+    }))
+    .unwrap();
+    let due_ms = now_ms() + 3_600_000;
+    let booked_at = now_ms();
+    let lives: Vec<NewLife> = (0..count)
+        .map(|i| NewLife {
+            life_uuid: format!("{:032x}", 0xb0_0000_0000_u64 + i as u64),
+            schedule_type: ScheduleType::Point,
+            resource_id: None,
+            birth_at_ms: due_ms + i as i64,
+            death_at_ms: None,
+            birth_action: Action::Webhook(action.clone()),
+            death_action: None,
+        })
+        .collect();
+    for life in &lives {
+        store.book(life, booked_at, 0, 0).await.expect("book");
+    }
+    let cpu = || redis_cpu_us(&redis);
+    let mut rows = Vec::new();
+
+    let before = cpu().await;
+    let mut claimed = Vec::with_capacity(count);
+    while claimed.len() < count {
+        match store
+            .claim(0, host, gen, due_ms + count as i64, 1_000, 0, 0)
+            .await
+            .unwrap()
+        {
+            ClaimReply::Claimed { plans, .. } if !plans.is_empty() => claimed.extend(plans),
+            other => panic!(
+                "claim stopped early: {} claimed, then {other:?}",
+                claimed.len()
+            ),
+        }
+    }
+    rows.push(("claim (`claim.lua`, 1,000 a call)", cpu().await - before));
+
+    let before = cpu().await;
+    for chunk in claimed.chunks(batch) {
+        let plans: Vec<_> = chunk.iter().collect();
+        let outcomes = store
+            .start_runs(0, host, gen, &plans, 3_600_000 * 2)
+            .await
+            .unwrap();
+        assert!(
+            outcomes
+                .iter()
+                .all(|o| matches!(o, StartOutcome::Run { .. })),
+            "every Plan starts: {outcomes:?}"
+        );
+    }
+    rows.push(("start (`start_run.lua`)", cpu().await - before));
+
+    let runs: Vec<FinishedRun> = claimed
+        .into_iter()
+        .map(|plan| FinishedRun {
+            record: RunRecord {
+                should_run_at_ms: plan.fire_at_ms,
+                started_at_ms: plan.fire_at_ms + 1,
+                duration_ms: 2,
+                outcome: "success",
+                status: Some(200),
+                error: None,
+                attempt: 1,
+                output: None,
+                logs: Vec::new(),
+                retry_after_ms: None,
+            },
+            plan,
+            outcome: RunOutcome::Done,
+            callback: None,
+        })
+        .collect();
+    let before = cpu().await;
+    for chunk in runs.chunks(batch) {
+        let held = store
+            .finish_runs(0, host, chunk, now_ms(), 0)
+            .await
+            .unwrap();
+        assert!(held.iter().all(|h| *h), "every run is recorded as held");
+    }
+    rows.push(("finish (`finish_run.lua`)", cpu().await - before));
+
+    // The floor: each phase's HMGET and HSET of one Plan, with the fields that phase
+    // reads and writes, and nothing else, over the same Lives (now finished, so the
+    // hashes are as large as a finish finds them).
+    let floor = redis::Script::new(
+        r#"
+        local phase = ARGV[1]
+        for i = 2, #ARGV do
+          local k = KEYS[1] .. ARGV[i]
+          if phase == 'claim' then
+            redis.call('HMGET', k, 'b.state', 'b.action', 'b.attempts', 'resource_id', 'b.opts')
+            redis.call('HSET', k, 'b.state', 'Preset', 'b.lease_owner', 'bench-host-1', 'b.claims', ARGV[i])
+          elseif phase == 'start' then
+            redis.call('HMGET', k, 'b.state', 'b.lease_owner', 'b.claims', 'b.fire_at_ms',
+              'resource_id', 'b.attempts', 'b.interrupted', 'b.term', 'b.expires_at_ms', 'b.ck')
+            redis.call('HSET', k, 'b.state', 'Running', 'b.attempts', 1, 'b.started_at_ms', ARGV[i])
+          else
+            redis.call('HMGET', k, 'b.state', 'b.lease_owner', 'b.claims', 'resource_id', 'b.term',
+              'b.last_error', 'b.done_by', 'state', 'cancel_requested', 'd.fire_at_ms')
+            redis.call('HSET', k, 'run:birth:1', ARGV[i] .. ARGV[i] .. ARGV[i] .. ARGV[i],
+              'b.done_by', 'bench-host-1#1', 'b.last_status', '200', 'b.state', 'Done',
+              'state', 'Dead', 'finished_at_ms', ARGV[i], 'updated_at_ms', ARGV[i])
+          end
+        end
+        return 1
+        "#,
+    );
+    let ids: Vec<String> = lives.iter().map(|l| l.life_uuid.clone()).collect();
+    let mut conn = redis.conn().await;
+    let prefix = store.shard(0).prefix.clone() + "life:";
+    let mut floor_total = 0.0;
+    for phase in ["claim", "start", "finish"] {
+        let before = cpu().await;
+        for chunk in ids.chunks(batch) {
+            let mut call = floor.key(&prefix);
+            call.arg(phase);
+            for id in chunk {
+                call.arg(id);
+            }
+            let _: i64 = call.invoke_async(&mut conn).await.unwrap();
+        }
+        floor_total += cpu().await - before;
+    }
+
+    println!("| phase | Redis CPU per Plan |\n|---|---|");
+    let mut total = 0.0;
+    for (name, us) in &rows {
+        total += us;
+        println!("| {name} | {:.1} µs |", us / count as f64);
+    }
+    println!(
+        "| **claim + start + finish** | **{:.1} µs** |",
+        total / count as f64
+    );
+    println!(
+        "| floor: the same three HMGET + HSET pairs per Plan, nothing else | {:.1} µs |",
+        floor_total / count as f64
+    );
+    println!(
+        "\nStorage ceiling, same server and run (`redis-benchmark -t zadd -c 64`): {:.0} ZADD/s\n",
+        redis_benchmark(redis.port, 1)
+    );
 }
