@@ -517,6 +517,14 @@ async fn bench_queue() {
     println!();
 }
 
+/// A count a section takes from the environment variable `name`, else `default`.
+fn env_number(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
 /// `used_cpu_sys + used_cpu_user` of a redis-server, in µs.
 async fn redis_cpu_us(redis: &RedisServer) -> f64 {
     let mut conn = redis.conn().await;
@@ -799,10 +807,7 @@ async fn main() {
 /// time to list 50 and to GET one by id, the lateness of 1,000 fires/s for 10 s, and
 /// the storage ceiling on the same server. Set `KAIROS_BENCH_PENDING` for another count.
 async fn bench_pending_million() {
-    let count: usize = std::env::var("KAIROS_BENCH_PENDING")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(1_000_000);
+    let count = env_number("KAIROS_BENCH_PENDING", 1_000_000);
     println!("## {count} pending point Lives\n");
     let redis = RedisServer::start_with_fsync("everysec");
     set_listpack_limit(&redis, "1024").await;
@@ -1316,10 +1321,7 @@ async fn bench_scripts() {
     };
 
     let count = 100_000usize;
-    let batch: usize = std::env::var("KAIROS_BENCH_BATCH")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(16);
+    let batch = env_number("KAIROS_BENCH_BATCH", 16);
     println!("## Redis CPU per Plan of each firing script ({count} point Lives, one shard, batches of {batch})\n");
     let redis = RedisServer::start_with_fsync("everysec");
     let store = Store::connect(&redis.url(), "kairos", "UTC".parse().unwrap(), Some(1))
@@ -1442,17 +1444,16 @@ async fn bench_scripts() {
         return 1
         "#,
     );
-    let ids: Vec<String> = lives.iter().map(|l| l.life_uuid.clone()).collect();
     let mut conn = redis.conn().await;
     let prefix = store.shard(0).prefix.clone() + "life:";
     let mut floor_total = 0.0;
     for phase in ["claim", "start", "finish"] {
         let before = cpu().await;
-        for chunk in ids.chunks(batch) {
+        for chunk in lives.chunks(batch) {
             let mut call = floor.key(&prefix);
             call.arg(phase);
-            for id in chunk {
-                call.arg(id);
+            for life in chunk {
+                call.arg(&life.life_uuid);
             }
             let _: i64 = call.invoke_async(&mut conn).await.unwrap();
         }
