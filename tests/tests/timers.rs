@@ -1207,3 +1207,50 @@ async fn timers_are_listed_in_pages_by_name() {
         .collect();
     assert_eq!(listed, names);
 }
+
+/// A `next_run` set by PATCH right after a run-now stands until it fires, whether the
+/// PATCH lands while the run is still under way or after it was recorded: the run's
+/// finish schedules the time asked for, not the slot its schedule gives, and the PATCH's
+/// answer shows that time at once. Many times over with a fast target, then with a slow
+/// one so that every PATCH lands while the run is under way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_next_run_patched_after_a_run_now_stands_until_it_fires() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, reply) = api
+        .post(
+            "/timers",
+            &json!({"name": "yearly", "schedule": "0 0 0 1 1 *", "timezone": "UTC",
+                    "action": hook("yearly"), "retries": 0}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let slot = reply["next_run_ms"].as_i64().unwrap();
+    for (round, delay_ms) in (0..240).map(|i| (i, if i < 200 { 0 } else { 300 })) {
+        sink.set_delay(Duration::from_millis(delay_ms));
+        let (status, reply) = api.post("/timers/yearly/run", &json!({})).await;
+        assert_eq!(status, 200, "round {round}: {reply}");
+        let called_at = sink.wait_count(round + 1, Duration::from_secs(5)).await[round].at_ms;
+        // A time of its own each round, an hour ahead, never the schedule's slot.
+        let at = now_ms() + 3_600_000 + round as i64;
+        let (status, reply) = api
+            .patch("/timers/yearly", &json!({"next_run": rfc3339_ms(at)}))
+            .await;
+        assert_eq!(status, 200, "round {round}: {reply}");
+        assert_eq!(reply["next_run_ms"], at, "round {round}: {reply:#}");
+        // Once the run is recorded, the time asked for is still the next run.
+        let view = wait_timer(&api, "yearly", |v| {
+            scheduled(v) && v["last_run_at_ms"].as_i64() >= Some(called_at)
+        })
+        .await;
+        assert_eq!(view["next_run_ms"], at, "round {round}: {view:#}");
+        assert_ne!(view["next_run_ms"], slot);
+    }
+    assert_eq!(
+        sink.received().len(),
+        240,
+        "one call per run-now, none at the patched times"
+    );
+}

@@ -5,7 +5,8 @@
 -- NEXT is the fire time to schedule: epoch ms, 'keep' (leave the Plan's time as it is),
 -- or '' (inactive: nothing scheduled). A Plan that is Running keeps running; its next
 -- slot is then computed when it finishes, and an explicit time (OVERRIDE = '1') is kept
--- for that moment as next_override_ms.
+-- for that moment as next_override_ms (and shown at once as next_run_ms): a `next_run`
+-- set by a client after a run started wins over the slot the run's finish computes.
 -- KEYS: 1 timer, 2 plan, 3 due, 4 timers index
 -- ARGV: 1 prefix, 2 name, 3 mode ('create' | 'update'), 4 expected version (update),
 --       5 next ms | 'keep' | '', 6 next rfc, 7 override ('1' = NEXT was asked for),
@@ -30,7 +31,11 @@ redis.call('HSET', KEYS[2], 'action', ARGV[8], 'opts', ARGV[9])
 local state = redis.call('HGET', KEYS[2], 'state')
 if state == 'Running' then
   if ARGV[7] == '1' then
-    redis.call('HSET', KEYS[1], 'next_override_ms', next_ms, 'next_override', next_rfc)
+    -- A time asked for while a run is under way stands until it fires: the run's finish
+    -- (finish_timer) schedules it instead of the slot it computed, and the timer shows
+    -- it as its next run from now on.
+    redis.call('HSET', KEYS[1], 'next_override_ms', next_ms, 'next_override', next_rfc,
+      'next_run_ms', next_ms, 'next_run', next_rfc)
   end
   return {'ok', 'Running'}
 end
