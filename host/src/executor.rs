@@ -338,15 +338,16 @@ impl Engine {
                 }
                 StartOutcome::Lost => self.forget(&plan),
                 StartOutcome::Deferred => {
-                    // Waiting in Redis (its queue's waiting set or due_tasks): the
-                    // claimer's sleep must account for it.
+                    // Waiting in Redis (its queue's waiting set, or due_tasks for the
+                    // token reserved for it, often a few ms away): claim from the shard
+                    // again now, so that it is back in the timer for its token's time.
                     self.forget(&plan);
                     deferred = true;
                 }
             }
         }
         if deferred {
-            self.wake_claimer();
+            self.mark_dirty(shard);
         }
     }
 

@@ -171,18 +171,22 @@ impl Default for QueueDef {
 }
 
 impl QueueDef {
-    /// Tokens in the queue's rate bucket at `now_ms`, refilled from the `tokens` and
-    /// `tokens_at_ms` fields of its hash as `start_run.lua` refills them (a queue never
-    /// limited yet has a full bucket); None when the queue has no rate limit.
+    /// Tokens in the queue's rate bucket at `now_ms`, from the `tat_ms` field of its hash
+    /// as `start_run.lua` keeps it (the time the next token comes once every token given
+    /// out is taken: GCRA); 0 while tokens are reserved ahead for tasks that wait for
+    /// them, the bucket's size when none was taken lately. None when the queue has no
+    /// rate limit.
     pub fn tokens_at(&self, hash: &HashMap<String, String>, now_ms: i64) -> Option<f64> {
         if self.rate <= 0.0 {
             return None;
         }
         let bucket = f64::from(self.bucket_size.max(1));
-        let field = |k: &str| hash.get(k).and_then(|v| v.parse::<f64>().ok());
-        let tokens = field("tokens").unwrap_or(bucket);
-        let elapsed_ms = field("tokens_at_ms").map_or(0.0, |at| (now_ms as f64 - at).max(0.0));
-        Some(bucket.min(tokens + elapsed_ms * self.rate / 1000.0))
+        let period_ms = 1000.0 / self.rate;
+        let owed_ms = hash
+            .get("tat_ms")
+            .and_then(|v| v.parse::<f64>().ok())
+            .map_or(0.0, |tat| (tat - now_ms as f64).max(0.0));
+        Some((bucket - owed_ms / period_ms).clamp(0.0, bucket))
     }
 
     pub(crate) fn fields(&self) -> Vec<(String, String)> {
@@ -700,10 +704,15 @@ mod tests {
                 .collect()
         };
         assert_eq!(def.tokens_at(&hash(&[]), 1_000), Some(5.0));
-        let drained = hash(&[("tokens", "0.5"), ("tokens_at_ms", "1000")]);
+        // Four and a half tokens taken at 1000 ms: the next comes at 1000 + 4.5 * 500 ms
+        // once all are taken.
+        let drained = hash(&[("tat_ms", "3250.000")]);
         assert_eq!(def.tokens_at(&drained, 1_000), Some(0.5));
         assert_eq!(def.tokens_at(&drained, 2_000), Some(2.5));
         assert_eq!(def.tokens_at(&drained, 60_000), Some(5.0));
+        // Tokens reserved ahead for waiting tasks: none now.
+        let reserved = hash(&[("tat_ms", "9000.000")]);
+        assert_eq!(def.tokens_at(&reserved, 1_000), Some(0.0));
         let unlimited = QueueDef { rate: 0.0, ..def };
         assert_eq!(unlimited.tokens_at(&drained, 2_000), None);
     }

@@ -293,12 +293,22 @@ local function leave_waiting(queue, plan_id)
 end
 
 -- A queue task's run is over (finished, handed back or purged): it leaves the queue's
--- running set and its key's count, and the slots it frees go to the first waiting task
--- of the queue and of its key.
+-- running set and its key's count, and the slot it frees goes to the first waiting task
+-- of the queue and of its key. Under max_concurrent, every slot free now goes to a
+-- waiting task, not only this one: a task woken may still have to wait for its token
+-- (start_run reserves it and leaves the slot free meanwhile), and the tasks behind it
+-- must be able to reserve the tokens that follow, or the queue would run one token's
+-- round trip at a time, below its rate.
 local function leave_running(queue, member, notify_before_ms)
   local qk = PREFIX .. 'queue:' .. queue
-  if redis.call('SREM', qk .. ':running', member) == 1 then
-    wake_waiting(queue, 1, notify_before_ms)
+  local running = qk .. ':running'
+  if redis.call('SREM', running, member) == 1 then
+    local max_concurrent = tonumber(redis.call('HGET', qk, 'max_concurrent')) or 0
+    local free = 1
+    if max_concurrent > 0 then
+      free = math.max(max_concurrent - redis.call('SCARD', running), 1)
+    end
+    wake_waiting(queue, free, notify_before_ms)
   end
   local ck = redis.call('HGET', qk .. ':running_key', member)
   if ck then

@@ -16,14 +16,13 @@
 -- - a queue task must be admitted by its queue: not paused, fewer than max_concurrent of
 --   its tasks running (a set in Redis, so the bound holds across all hosts), and a token
 --   in its bucket (refilled at `rate` per second up to `bucket_size`). A task of a paused
---   or full queue waits in the queue's waiting set, in Redis; one short of tokens goes
---   back to due_tasks for the time its token comes (the k-th refused task of a queue in
---   one call for the k-th token, so that they come back spread out). Either way it is
---   Standby and no host holds it, so a saturated queue never takes the room of other work.
---   A task with a key (`ck`, common.lua) must also find its key under the queue's
---   max_concurrent_per_key (else it waits in the key's own waiting set) and a token in
---   the key's bucket (one token, refilled at rate_per_key: else back to due_tasks for
---   the time it comes).
+--   or full queue waits in the queue's waiting set, in Redis; one short of tokens is given
+--   the next free token (reserve_token below) and goes back to due_tasks for the time it
+--   comes. Either way it is Standby and no host holds it, so a saturated queue never
+--   takes the room of other work. A task with a key (`ck`, common.lua) must also find
+--   its key under the queue's max_concurrent_per_key (else it waits in the key's own
+--   waiting set) and a token of the key's bucket (one token at rate_per_key, reserved
+--   the same way).
 -- - a queue task whose first attempt has not started by its `expires_at_ms` (its ETA plus
 --   `expire_after`) never starts: it is dropped ('dropped') into its queue's failed list
 --   as Expired, with the reason recorded. Retries of a task that started are not bound.
@@ -44,67 +43,103 @@ end
 
 -- 0 when the task may run now (its tokens taken and its run counted); WAIT_IN_QUEUE when
 -- it must wait for the queue (paused, or max_concurrent reached); WAIT_FOR_KEY when its
--- key runs max_concurrent_per_key tasks already; else ms to its token.
+-- key runs max_concurrent_per_key tasks already; else ms until it may come back for its
+-- token.
 local WAIT_IN_QUEUE, WAIT_FOR_KEY = -1, -2
-local refused = {}
 
--- A token bucket (fields `tokens`, `tokens_at_ms` of hash KEY) refilled at RATE per
--- second up to BUCKET: {tokens now, ms to wait} where the wait is 0 when one is there
--- (taken by take_token), else the time until the N-th refused task's token comes.
-local function bucket_state(key, rate, bucket, n, tokens, at_ms)
-  tokens = tonumber(tokens) or bucket
-  local elapsed = math.max(now_ms - (tonumber(at_ms) or now_ms), 0)
-  tokens = math.min(bucket, tokens + elapsed * rate / 1000)
-  if tokens >= 1 then return tokens, 0 end
-  return tokens, math.max(math.ceil((n + 1 - tokens) * 1000 / rate), 1)
+-- A token bucket of RATE tokens a second, BUCKET at most, kept as two times in hash KEY
+-- (GCRA, the generic cell rate algorithm, twice):
+-- - `tat_ms` hands out tokens: a task that finds none now is given the next one free, at
+--   its own time (RESERVED on its return), and goes back to due_tasks until then
+--   instead of asking again and again. Tokens go out on a steady grid, so a queue whose
+--   bucket is 1 runs at its rate, not at the pace of its tasks' round trips;
+-- - `sat_ms` checks the starts themselves: a start may come at most half a token's
+--   period sooner than the bucket allows. Tasks that come back late together (a host
+--   slowed down) are spread out again rather than started in a burst, while a host
+--   that is late by the same few ms at every start keeps the full rate.
+-- N is how many tasks of this bucket this call has held back already (they come back a
+-- period apart). Returns when to come back (ms; 0: the start may go now), the token the
+-- task holds (kept in its Plan while it waits), and the new `sat_ms` to write if it
+-- starts (nothing of a start is written before every limit has said yes).
+local function take_token(key, tat_ms, sat_ms, rate, bucket, reserved, n)
+  local period = 1000 / rate
+  local burst = (bucket - 1) * period
+  local token = tonumber(reserved)
+  if not token then
+    local tat = math.max(tonumber(tat_ms) or now_ms, now_ms)
+    token = math.max(math.ceil(tat - burst), now_ms)
+    redis.call('HSET', key, 'tat_ms', string.format('%.3f', tat + period))
+  end
+  -- Back before its token's time (another host's clock): wait for it.
+  if token > now_ms then return token, token end
+  local sat = tonumber(sat_ms) or now_ms
+  local start_from = sat - burst - period / 2
+  if now_ms < start_from then return math.ceil(start_from + n * period), token end
+  return 0, token, string.format('%.3f', math.max(sat, now_ms) + period)
 end
 
-local function admit_task(queue, member, ck)
+-- Admits a task (member `{plan}#{claim}`, key CK or false) of QUEUE whose Plan is PK/PN.
+-- TOKEN and KEY_TOKEN are the tokens it was given earlier (false: none): a token given
+-- is the task's own when it comes back. A task that must wait for the queue gives its
+-- tokens up: it asks again once a slot is free, so that tasks held back by a pause or by
+-- max_concurrent never start in a burst above the rate when they are let go.
+local held_back = {}
+local function admit_task(queue, member, ck, pk, pn, token, key_token)
   local qk = PREFIX .. 'queue:' .. queue
-  local d = redis.call('HMGET', qk, 'state', 'rate', 'bucket_size', 'max_concurrent', 'tokens',
-    'tokens_at_ms', 'max_concurrent_per_key', 'rate_per_key')
-  if d[1] == 'paused' then return WAIT_IN_QUEUE end
+  local d = redis.call('HMGET', qk, 'state', 'rate', 'bucket_size', 'max_concurrent', 'tat_ms',
+    'sat_ms', 'max_concurrent_per_key', 'rate_per_key')
+  local function wait_for(verdict)
+    if token or key_token then redis.call('HDEL', pk, pn.token_ms, pn.key_token_ms) end
+    return verdict
+  end
+  if d[1] == 'paused' then return wait_for(WAIT_IN_QUEUE) end
   local running = qk .. ':running'
   local max_concurrent = tonumber(d[4]) or 0
   if max_concurrent > 0 and redis.call('SCARD', running) >= max_concurrent then
-    return WAIT_IN_QUEUE
+    return wait_for(WAIT_IN_QUEUE)
   end
   local per_key = ck and (tonumber(d[7]) or 0) or 0
   if per_key > 0 and (tonumber(redis.call('HGET', qk .. ':key_running', ck)) or 0) >= per_key then
-    return WAIT_FOR_KEY
+    return wait_for(WAIT_FOR_KEY)
   end
   local rate, key_rate = tonumber(d[2]) or 0, ck and (tonumber(d[8]) or 0) or 0
-  local tokens, key_tokens, kb
-  if rate > 0 then
-    local wait
-    tokens, wait = bucket_state(qk, rate, math.max(tonumber(d[3]) or 1, 1),
-      refused[queue] or 0, d[5], d[6])
-    if wait > 0 then
-      redis.call('HSET', qk, 'tokens', tostring(tokens), 'tokens_at_ms', now_ms)
-      refused[queue] = (refused[queue] or 0) + 1
-      return wait
-    end
-  end
+  -- The key's token first, then the queue's: a task waiting for its key holds no token
+  -- of the queue that other keys' tasks could use meanwhile.
+  local kb, key_sat
   if key_rate > 0 then
     kb = qk .. ':kbucket:' .. ck
-    local b = redis.call('HMGET', kb, 'tokens', 'tokens_at_ms')
-    local n = refused[kb] or 0
-    local wait
-    key_tokens, wait = bucket_state(kb, key_rate, 1, n, b[1], b[2])
-    if wait > 0 then
-      redis.call('HSET', kb, 'tokens', tostring(key_tokens), 'tokens_at_ms', now_ms)
-      redis.call('PEXPIRE', kb, math.ceil(1000 / key_rate) + 1000)
-      refused[kb] = n + 1
-      return wait
+    local b = redis.call('HMGET', kb, 'tat_ms', 'sat_ms')
+    local until_ms, held
+    until_ms, held, key_sat = take_token(kb, b[1], b[2], key_rate, 1, key_token,
+      held_back[kb] or 0)
+    local tat = tonumber(redis.call('HGET', kb, 'tat_ms')) or now_ms
+    redis.call('PEXPIRE', kb, math.ceil(math.max(tat - now_ms, 0) + 1000 / key_rate) + 1000)
+    if until_ms > 0 then
+      held_back[kb] = (held_back[kb] or 0) + 1
+      redis.call('HSET', pk, pn.key_token_ms, held)
+      return until_ms - now_ms
+    end
+    key_token = held
+  end
+  local queue_sat
+  if rate > 0 then
+    local until_ms, held
+    until_ms, held, queue_sat = take_token(qk, d[5], d[6], rate,
+      math.max(tonumber(d[3]) or 1, 1), token, held_back[qk] or 0)
+    if until_ms > 0 then
+      held_back[qk] = (held_back[qk] or 0) + 1
+      -- It keeps the key's token too: it is its own when it comes back.
+      if key_token then
+        redis.call('HSET', pk, pn.token_ms, held, pn.key_token_ms, key_token)
+      else
+        redis.call('HSET', pk, pn.token_ms, held)
+      end
+      return until_ms - now_ms
     end
   end
-  if rate > 0 then
-    redis.call('HSET', qk, 'tokens', tostring(tokens - 1), 'tokens_at_ms', now_ms)
-  end
-  if key_rate > 0 then
-    redis.call('HSET', kb, 'tokens', tostring(key_tokens - 1), 'tokens_at_ms', now_ms)
-    redis.call('PEXPIRE', kb, math.ceil(1000 / key_rate) + 1000)
-  end
+  if key_sat then redis.call('HSET', kb, 'sat_ms', key_sat) end
+  if queue_sat then redis.call('HSET', qk, 'sat_ms', queue_sat) end
+  if token or key_token then redis.call('HDEL', pk, pn.token_ms, pn.key_token_ms) end
   redis.call('SADD', running, member)
   if per_key > 0 then
     redis.call('HINCRBY', qk .. ':key_running', ck, 1)
@@ -142,7 +177,8 @@ for i = 6, #ARGV, 2 do
   local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
   local pk, pn = plan_of(plan_id)
   local f = redis.call('HMGET', pk, pn.state, pn.lease_owner, pn.claims, pn.fire_at_ms,
-    pn.resource_id, pn.attempts, pn.interrupted, pn.term, pn.expires_at_ms, pn.ck)
+    pn.resource_id, pn.attempts, pn.interrupted, pn.term, pn.expires_at_ms, pn.ck,
+    pn.token_ms, pn.key_token_ms)
   local result
   if f[1] == 'Running' and f[2] == host and f[3] == claim then
     result = 'run:' .. (f[6] or '1')
@@ -194,7 +230,9 @@ for i = 6, #ARGV, 2 do
       local head = redis.call('ZRANGE', order_key(f[5]), 0, 0)[1]
       first = head == nil or head == plan_id
     end
-    if first and queue then wait = admit_task(queue, plan_id .. '#' .. claim, f[10]) end
+    if first and queue then
+      wait = admit_task(queue, plan_id .. '#' .. claim, f[10], pk, pn, f[11], f[12])
+    end
     if not first then
       result = 'busy'
     elseif wait == 0 then
