@@ -149,6 +149,8 @@ async fn run() {
             bookings.clone(),
             RuntimeSettings {
                 instances: 256,
+                // In place: the bench times the runtime itself, not the hop to a pool.
+                threads: 0,
                 cache_dir: data.join("plugin-cache"),
                 policy: policy.clone(),
                 client: pooled_client(

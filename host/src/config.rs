@@ -112,6 +112,11 @@ pub struct ServeArgs {
     /// [default: 256].
     #[arg(long, env = "KAIROS_WORKERS")]
     pub workers: Option<String>,
+    /// Threads that run plugin code, apart from the threads that claim, start, finish
+    /// and call webhooks, and at a lower CPU priority: a busy plugin then cannot make
+    /// other bookings late [default: one fewer than the machine's cores, at least 1].
+    #[arg(long, env = "KAIROS_PLUGIN_THREADS")]
+    pub plugin_threads: Option<String>,
     /// Most Plans this host holds claimed in memory at once [default: 100000].
     #[arg(long, env = "KAIROS_MAX_CLAIMED")]
     pub max_claimed: Option<String>,
@@ -265,6 +270,8 @@ pub struct Config {
     pub timedout_queue_max_size: usize,
     pub execution_retry_codes: Vec<u16>,
     pub workers: usize,
+    /// Threads of the plugin pool (`plugins::runtime`).
+    pub plugin_threads: usize,
     pub max_claimed: usize,
     pub lease_ttl: Duration,
     pub shutdown_timeout: Duration,
@@ -368,6 +375,7 @@ const KNOWN_KEYS: &[&str] = &[
     "timedout_queue_max_size",
     "execution_retry_codes",
     "workers",
+    "plugin_threads",
     "max_claimed",
     "lease_ttl",
     "shutdown_timeout",
@@ -637,6 +645,11 @@ impl Config {
             )?,
             execution_retry_codes,
             workers: r.number("workers", &args.workers, 256usize)?,
+            plugin_threads: r.number(
+                "plugin_threads",
+                &args.plugin_threads,
+                crate::plugins::runtime::default_plugin_threads(),
+            )?,
             max_claimed: r.number("max_claimed", &args.max_claimed, 100_000usize)?,
             lease_ttl: r.duration("lease_ttl", &args.lease_ttl, MS, Duration::from_secs(4))?,
             shutdown_timeout: r.duration(
@@ -775,6 +788,11 @@ impl Config {
     fn check(&self) -> Result<(), ConfigError> {
         if self.workers == 0 {
             return Err(ConfigError("workers: must be at least 1".into()));
+        }
+        if !(1..=1024).contains(&self.plugin_threads) {
+            return Err(ConfigError(
+                "plugin_threads: must be between 1 and 1024".into(),
+            ));
         }
         if self.timedout_queue_max_size == 0 {
             return Err(ConfigError(

@@ -444,7 +444,7 @@ impl Engine {
                     let began = std::time::Instant::now();
                     let invocation = self
                         .plugins
-                        .invoke(&p.plugin, &ctx, &input, timeout_ms)
+                        .invoke_pooled(p.plugin.clone(), ctx, input, timeout_ms)
                         .await;
                     self.metrics
                         .record_plugin_invocation(&p.plugin, began.elapsed());

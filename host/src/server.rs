@@ -110,6 +110,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         bookings.clone(),
         RuntimeSettings {
             instances: config.workers.clamp(1, 10_000) as u32,
+            threads: config.plugin_threads,
             cache_dir: config.data_dir.join("plugin-cache"),
             policy: policy.clone(),
             client: crate::actions::webhook::pooled_client(

@@ -60,6 +60,8 @@ pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
     let private = private_dir(&cache_dir);
     let runtime = PluginRuntime::local(RuntimeSettings {
         instances: 1,
+        // One run in its own process: no engine to keep apart from it.
+        threads: 0,
         cache_dir,
         policy: policy.clone(),
         client: client(false),

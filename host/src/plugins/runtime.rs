@@ -123,6 +123,9 @@ fn prune_cache(dir: &std::path::Path) {
 /// What the runtime needs from the host's configuration.
 pub struct RuntimeSettings {
     pub instances: u32,
+    /// Threads of the pool that runs plugin code (see [`PluginPool`]); 0: on the
+    /// caller's own threads.
+    pub threads: usize,
     pub cache_dir: PathBuf,
     pub policy: Arc<OutboundPolicy>,
     /// For targets the plugin's own `allowed_hosts` names.
@@ -141,6 +144,82 @@ pub struct RuntimeSettings {
 
 /// The measured best `keep_resident` on the 2-core machine (BENCHMARKS.md).
 pub const DEFAULT_KEEP_RESIDENT: usize = 256 << 10;
+
+/// The plugin pool's threads unless configured: one fewer than the machine's cores (at
+/// least one), so that plugins that spin never hold every core.
+pub fn default_plugin_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get().saturating_sub(1))
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// The threads plugin code runs on: a tokio runtime of their own, apart from the one
+/// that claims, starts and finishes runs and calls webhooks, its threads at a lower CPU
+/// priority (nice 10). A guest that spins yields at every epoch tick (10 ms) to the
+/// other plugin runs of its pool, never to the engine's tasks, so a tenant's busy
+/// plugins can slow other plugins but cannot make webhook Plans late.
+struct PluginPool {
+    handle: tokio::runtime::Handle,
+    /// Dropped with the runtime of plugins: the pool's thread then shuts the pool down.
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// The CPU priority of a plugin thread (a nice value: higher is lower priority).
+const PLUGIN_THREAD_NICE: libc::c_int = 10;
+
+impl PluginPool {
+    fn start(threads: usize) -> anyhow::Result<PluginPool> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let (ready_tx, ready) = std::sync::mpsc::channel();
+        std::thread::Builder::new()
+            .name("kairos-plugin-pool".into())
+            .spawn(move || {
+                let runtime = tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(threads)
+                    .thread_name("kairos-plugin")
+                    .on_thread_start(|| {
+                        // On Linux the nice value is a thread's own: this lowers only
+                        // the pool's threads. Failure leaves them at normal priority.
+                        // SAFETY: setpriority reads no memory of ours.
+                        unsafe {
+                            libc::setpriority(libc::PRIO_PROCESS, 0, PLUGIN_THREAD_NICE);
+                        }
+                    })
+                    .enable_all()
+                    .build();
+                match runtime {
+                    Ok(runtime) => {
+                        let _ = ready_tx.send(Ok(runtime.handle().clone()));
+                        runtime.block_on(async {
+                            let _ = stopped.await;
+                        });
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                    }
+                }
+            })?;
+        let handle = ready
+            .recv()
+            .map_err(|_| anyhow::anyhow!("the plugin pool's thread ended at once"))??;
+        Ok(PluginPool {
+            handle,
+            _stop: stop,
+        })
+    }
+}
+
+/// Aborts a task of the plugin pool when the run waiting for it is dropped (a timer's
+/// `overlap: cancel_running`, a host shutting down), as dropping the call would if it
+/// ran in place.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
 
 /// The firing that runs a plugin.
 #[derive(Debug, Clone)]
@@ -265,6 +344,8 @@ pub struct PluginRuntime {
     slots: Arc<Semaphore>,
     /// Parsed `allowed_hosts` by plugin digest and list.
     allowed: Mutex<HashMap<String, Arc<Vec<AllowedHost>>>>,
+    /// Where runs of [`invoke_pooled`](PluginRuntime::invoke_pooled) go (None: in place).
+    pool: Option<PluginPool>,
 }
 
 /// The engine configuration every host uses; also what compiled artifacts must match.
@@ -376,7 +457,12 @@ impl PluginRuntime {
         std::fs::create_dir_all(&settings.cache_dir)
             .map_err(|e| anyhow::anyhow!("plugin cache {}: {e}", settings.cache_dir.display()))?;
         let slots = Arc::new(Semaphore::new(settings.instances as usize));
+        let pool = match settings.threads {
+            0 => None,
+            threads => Some(PluginPool::start(threads)?),
+        };
         Ok(Arc::new(PluginRuntime {
+            pool,
             engine,
             linker,
             registry,
@@ -626,6 +712,31 @@ impl PluginRuntime {
                 Arc::new(crate::config::parse_allowed_hosts(&key).unwrap_or_default())
             })
             .clone()
+    }
+
+    /// [`invoke`](Self::invoke) on the plugin pool's threads (see [`PluginPool`]); the
+    /// run is aborted if the returned future is dropped.
+    pub async fn invoke_pooled(
+        self: &Arc<Self>,
+        spec: String,
+        ctx: InvokeContext,
+        input: String,
+        timeout_ms: Option<u64>,
+    ) -> Invocation {
+        let runtime = self.clone();
+        let run = async move { runtime.invoke(&spec, &ctx, &input, timeout_ms).await };
+        let Some(pool) = &self.pool else {
+            return run.await;
+        };
+        let mut task = AbortOnDrop(pool.handle.spawn(run));
+        match (&mut task.0).await {
+            Ok(invocation) => invocation,
+            Err(e) => Invocation {
+                result: Err(Failure::Setup(format!("the plugin's run ended early: {e}"))),
+                logs: Vec::new(),
+                fenced: false,
+            },
+        }
     }
 
     /// Runs `spec` (`name` or `name@version`) for one firing.
