@@ -349,12 +349,29 @@ impl Engine {
     /// look at the time again: the clock has moved ahead.
     pub(crate) fn clock_moved(&self) {
         let active = self.shards.active();
-        self.dirty
-            .lock()
-            .expect("dirty lock")
-            .extend(active.into_iter().map(|(s, _)| s));
+        self.clock_moved_for(active.into_iter().map(|(s, _)| s));
+    }
+
+    /// As [`clock_moved`](Self::clock_moved), claiming only from `shards` (those with
+    /// something due by the new time; a step of the manual clock knows which).
+    pub(crate) fn clock_moved_for(&self, shards: impl IntoIterator<Item = u32>) {
+        self.dirty.lock().expect("dirty lock").extend(shards);
         self.claim_wakeup.notify_one();
         self.timer_wakeup.notify_one();
+    }
+
+    /// Whether this host has work of its own under way by `now_ms`: a claim pass asked
+    /// for, a timer entry due, or a Plan out of the timer (fired and waiting for a
+    /// worker, starting, running, or waiting for its outcome to be recorded).
+    pub(crate) fn busy_by(&self, now_ms: i64) -> bool {
+        if !self.dirty.lock().expect("dirty lock").is_empty() {
+            return true;
+        }
+        let timer = self.timer.lock().expect("timer lock");
+        let due = timer.first_key_value().is_some_and(|(k, _)| k.0 <= now_ms);
+        let in_timer = timer.len();
+        drop(timer);
+        due || self.claimed() > in_timer
     }
 
     /// Puts a claimed Plan (back) into the timer.

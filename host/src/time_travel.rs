@@ -17,6 +17,8 @@ const MAX_WALL: Duration = Duration::from_secs(120);
 /// Longest wait at one step for what is due to be recorded.
 const STEP_PATIENCE: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(2);
+/// How often this host's own work is looked at while a step settles (memory only).
+const LOCAL_POLL: Duration = Duration::from_micros(500);
 
 /// What a move did.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -39,19 +41,27 @@ impl Engine {
         let began = Instant::now();
         let mut moved = Moved::default();
         while moved.steps < MAX_STEPS && began.elapsed() < MAX_WALL {
-            if !self.settle(clock.now_ms()).await? {
+            let (on_time, firsts) = self.settle(clock.now_ms()).await?;
+            if !on_time {
                 moved.stalled += 1;
             }
-            match self.pending_after(clock.now_ms()).await? {
+            match firsts.iter().map(|&(_, at)| at).min() {
                 Some(next) if next <= to_ms => {
                     clock.move_to(next);
-                    self.clock_moved();
+                    // Only the shards with something due at this step are claimed from:
+                    // the others' Plans have steps of their own.
+                    self.clock_moved_for(
+                        firsts
+                            .iter()
+                            .filter(|&&(_, at)| at <= next)
+                            .map(|&(shard, _)| shard),
+                    );
                     moved.steps += 1;
                 }
                 _ => {
                     moved.now_ms = clock.move_to(to_ms);
                     self.clock_moved();
-                    if !self.settle(moved.now_ms).await? {
+                    if !self.settle(moved.now_ms).await?.0 {
                         moved.stalled += 1;
                     }
                     moved.complete = true;
@@ -63,32 +73,31 @@ impl Engine {
         Ok(moved)
     }
 
-    /// Waits until nothing due by `now_ms` is left unfinished; false after
-    /// `STEP_PATIENCE`.
-    async fn settle(&self, now_ms: i64) -> Result<bool, ApiError> {
+    /// Waits until nothing due by `now_ms` is left unfinished: whether it came within
+    /// `STEP_PATIENCE`, and then the first pending fire time of each shard that has one
+    /// after `now_ms` (the next steps). This host's own work is watched in memory, and
+    /// Redis (every shard, for other hosts' work and what runs booked) asked only once
+    /// that is done.
+    async fn settle(&self, now_ms: i64) -> Result<(bool, Vec<(u32, i64)>), ApiError> {
         let deadline = Instant::now() + STEP_PATIENCE;
         loop {
-            match self
-                .store
-                .earliest_pending_ms(None)
-                .await
-                .map_err(ApiError::from)?
-            {
-                Some(at) if at <= now_ms => {}
-                _ => return Ok(true),
+            let late = Instant::now() >= deadline;
+            if self.busy_by(now_ms) && !late {
+                tokio::time::sleep(LOCAL_POLL).await;
+                continue;
             }
-            if Instant::now() >= deadline {
-                return Ok(false);
+            let firsts = self
+                .store
+                .earliest_pending_by_shard(if late { Some(now_ms) } else { None })
+                .await
+                .map_err(ApiError::from)?;
+            if late {
+                return Ok((false, firsts));
+            }
+            if firsts.iter().all(|&(_, at)| at > now_ms) {
+                return Ok((true, firsts));
             }
             tokio::time::sleep(POLL).await;
         }
-    }
-
-    /// The first pending fire time after `now_ms`, if any.
-    async fn pending_after(&self, now_ms: i64) -> Result<Option<i64>, ApiError> {
-        self.store
-            .earliest_pending_ms(Some(now_ms))
-            .await
-            .map_err(ApiError::from)
     }
 }

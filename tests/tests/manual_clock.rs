@@ -47,7 +47,7 @@ async fn a_week_of_an_hourly_timer_runs_in_order_when_the_clock_moves() {
     let now_ms = moved["now_ms"].as_i64().unwrap();
     assert!(now_ms >= start_ms + 7 * 86_400_000, "{moved}");
     assert!(
-        took < Duration::from_secs(60),
+        took < Duration::from_secs(15),
         "the week was played out, not waited: {took:?}"
     );
 

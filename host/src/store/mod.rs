@@ -769,6 +769,19 @@ impl Store {
         &self,
         after_ms: Option<i64>,
     ) -> redis::RedisResult<Option<i64>> {
+        Ok(self
+            .earliest_pending_by_shard(after_ms)
+            .await?
+            .into_iter()
+            .map(|(_, at)| at)
+            .min())
+    }
+
+    /// [`earliest_pending_ms`](Self::earliest_pending_ms) of each shard that has one.
+    pub async fn earliest_pending_by_shard(
+        &self,
+        after_ms: Option<i64>,
+    ) -> redis::RedisResult<Vec<(u32, i64)>> {
         let min = after_ms.map_or_else(|| "-inf".to_string(), |ms| format!("({ms}"));
         let firsts = (0..self.shard_count()).map(|shard| {
             let k = self.shard(shard);
@@ -780,14 +793,21 @@ impl Store {
                 for key in [k.due(), k.due_tasks(), k.held()] {
                     pipe.zrangebyscore_limit_withscores(key, &min, "+inf", 0, 1);
                 }
-                pipe.query_async::<(First, First, First)>(&mut conn).await
+                pipe.query_async::<(First, First, First)>(&mut conn)
+                    .await
+                    .map(|sets| (shard, sets))
             }
         });
-        let mut earliest: Option<i64> = None;
-        for (due, tasks, held) in futures_util::future::try_join_all(firsts).await? {
-            for (_, at) in due.into_iter().chain(tasks).chain(held) {
-                let at = at as i64;
-                earliest = Some(earliest.map_or(at, |e| e.min(at)));
+        let mut earliest = Vec::new();
+        for (shard, (due, tasks, held)) in futures_util::future::try_join_all(firsts).await? {
+            let first = due
+                .into_iter()
+                .chain(tasks)
+                .chain(held)
+                .map(|(_, at)| at as i64)
+                .min();
+            if let Some(at) = first {
+                earliest.push((shard, at));
             }
         }
         Ok(earliest)
