@@ -7,6 +7,14 @@
 //! of its nodes; the rest are discovered). Every pipeline kairos sends touches one shard,
 //! so one slot: a cluster refuses a pipeline that spans slots.
 //!
+//! **The shards' slots go their own way.** The cluster client makes every request of a
+//! connection wait while it recovers from a failed node, to whichever master it goes: a
+//! master that died stopped every shard on every master. So the commands and scripts of
+//! the shards' slots ([`Conn::dedicate`]) go through `slot_router.rs`, a plain
+//! connection to each slot's master, and a failing master delays only its own shards;
+//! everything else (the registry, `hosts`, `meta`, commands without a key) goes through
+//! the cluster client.
+//!
 //! The cluster client learns of a failover from a MOVED reply or a lost connection, but
 //! a call routed to a master that died is retried against that same dead address until
 //! it times out: reads of a failed-over slot could answer 503 for as long as the process
@@ -24,6 +32,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::{Cmd, Pipeline, RedisFuture, RedisResult, Value};
 
+use super::slot_router::SlotRouter;
+
 /// The scheme that names a Redis Cluster in `--redis-url`.
 pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 
@@ -31,7 +41,103 @@ pub const CLUSTER_SCHEME: &str = "redis+cluster://";
 #[derive(Clone)]
 pub enum Conn {
     Single(ConnectionManager),
-    Cluster(Arc<ClusterHandle>),
+    Cluster(Arc<ClusterSet>),
+}
+
+/// The connections to a Redis Cluster: the shards' slots through their own router, and
+/// the cluster client for everything else.
+pub struct ClusterSet {
+    general: Arc<ClusterHandle>,
+    slots: SlotRouter,
+}
+
+impl ClusterSet {
+    /// The dedicated slot a command or pipeline goes to, if any.
+    fn dedicated(&self, slot: Option<u16>) -> Option<u16> {
+        slot.filter(|s| self.slots.is_dedicated(*s))
+    }
+
+    async fn send(&self, cmd: &Cmd) -> RedisResult<Value> {
+        if let Some(slot) = self.dedicated(slot_of_cmd(cmd)) {
+            return self.slots.send(slot, cmd).await;
+        }
+        if is_script_load(cmd) {
+            // A promoted replica has none of its master's scripts: load them on every
+            // node the shards use too (the cluster client sends it to every master it
+            // knows, which may not be those yet).
+            let _ = self.slots.broadcast(cmd).await;
+        }
+        let h = &self.general;
+        let reply = h.connection().req_packed_command(cmd).await;
+        if let Err(e) = &reply {
+            h.failed(e);
+        }
+        reply
+    }
+
+    async fn send_pipeline(
+        &self,
+        pipeline: &Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        if let Some(slot) = self.dedicated(slot_of_pipeline(pipeline)) {
+            return self
+                .slots
+                .send_pipeline(slot, pipeline, offset, count)
+                .await;
+        }
+        let h = &self.general;
+        let reply = h
+            .connection()
+            .req_packed_commands(pipeline, offset, count)
+            .await;
+        if let Err(e) = &reply {
+            h.failed(e);
+        }
+        reply
+    }
+}
+
+fn is_script_load(cmd: &Cmd) -> bool {
+    let mut args = cmd.args_iter().filter_map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    args.next()
+        .is_some_and(|a| a.eq_ignore_ascii_case(b"SCRIPT"))
+        && args.next().is_some_and(|a| a.eq_ignore_ascii_case(b"LOAD"))
+}
+
+/// The slot a command's key is in: its first argument, or a script's first key; None
+/// for the commands kairos sends without a key. Only which connection carries the
+/// command depends on it (the cluster client routes each command itself), so a command
+/// misread here still reaches its node.
+fn slot_of_cmd(cmd: &Cmd) -> Option<u16> {
+    let mut args = cmd.args_iter().filter_map(|arg| match arg {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    });
+    let name = args.next()?.to_ascii_uppercase();
+    let key = match name.as_slice() {
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" => {
+            let _script = args.next()?;
+            if args.next()? == b"0" {
+                return None;
+            }
+            args.next()?
+        }
+        b"PING" | b"WAIT" | b"INFO" | b"CONFIG" | b"SCRIPT" | b"TIME" | b"CLUSTER" | b"PUBLISH"
+        | b"DBSIZE" | b"KEYS" | b"SCAN" | b"MEMORY" | b"OBJECT" | b"XREAD" | b"CLIENT"
+        | b"COMMAND" | b"ROLE" => return None,
+        _ => args.next()?,
+    };
+    Some(super::shards::key_slot(key))
+}
+
+/// The slot a pipeline goes to: its first command with a key (a pipeline spans one slot).
+fn slot_of_pipeline(pipeline: &Pipeline) -> Option<u16> {
+    pipeline.cmd_iter().find_map(slot_of_cmd)
 }
 
 /// A cluster connection that is replaced by a fresh one after connection errors.
@@ -47,6 +153,15 @@ pub struct ClusterHandle {
 const CLUSTER_RESET_EVERY: Duration = Duration::from_secs(2);
 
 impl ClusterHandle {
+    fn new(client: redis::cluster::ClusterClient, first: ClusterConnection) -> ClusterHandle {
+        ClusterHandle {
+            client,
+            current: RwLock::new(first),
+            last_reset_ms: AtomicU64::new(0),
+            born: Instant::now(),
+        }
+    }
+
     fn connection(&self) -> ClusterConnection {
         self.current
             .read()
@@ -161,13 +276,19 @@ impl Conn {
                     .max_retry_wait(1000)
                     .build()?;
                 let first = client.get_async_connection().await?;
-                Ok(Conn::Cluster(Arc::new(ClusterHandle {
-                    client,
-                    current: RwLock::new(first),
-                    last_reset_ms: AtomicU64::new(0),
-                    born: Instant::now(),
+                Ok(Conn::Cluster(Arc::new(ClusterSet {
+                    general: Arc::new(ClusterHandle::new(client, first)),
+                    slots: SlotRouter::new(nodes),
                 })))
             }
+        }
+    }
+
+    /// Routes the commands of each of `slots` (the shards') on their own (see the module
+    /// docs); nothing on one server.
+    pub fn dedicate(&self, slots: impl IntoIterator<Item = u16>) {
+        if let Conn::Cluster(set) = self {
+            set.slots.dedicate(slots);
         }
     }
 
@@ -176,7 +297,9 @@ impl Conn {
     pub async fn on_slot(&mut self, slot: u16, cmd: Cmd) -> RedisResult<Value> {
         match self {
             Conn::Single(c) => cmd.query_async(c).await,
-            Conn::Cluster(h) => {
+            Conn::Cluster(set) if set.slots.is_dedicated(slot) => set.slots.send(slot, &cmd).await,
+            Conn::Cluster(set) => {
+                let h = &set.general;
                 let route = redis::cluster_routing::Route::new(
                     slot,
                     redis::cluster_routing::SlotAddr::Master,
@@ -201,13 +324,7 @@ impl ConnectionLike for Conn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Conn::Single(c) => c.req_packed_command(cmd),
-            Conn::Cluster(h) => Box::pin(async move {
-                let reply = h.connection().req_packed_command(cmd).await;
-                if let Err(e) = &reply {
-                    h.failed(e);
-                }
-                reply
-            }),
+            Conn::Cluster(set) => Box::pin(set.send(cmd)),
         }
     }
 
@@ -219,20 +336,14 @@ impl ConnectionLike for Conn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
-            Conn::Cluster(h) => Box::pin(async move {
-                let reply = h.connection().req_packed_commands(cmd, offset, count).await;
-                if let Err(e) = &reply {
-                    h.failed(e);
-                }
-                reply
-            }),
+            Conn::Cluster(set) => Box::pin(set.send_pipeline(cmd, offset, count)),
         }
     }
 
     fn get_db(&self) -> i64 {
         match self {
             Conn::Single(c) => c.get_db(),
-            Conn::Cluster(h) => h.connection().get_db(),
+            Conn::Cluster(set) => set.general.connection().get_db(),
         }
     }
 }

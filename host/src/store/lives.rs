@@ -5,6 +5,7 @@
 //! (`ptr:{uuid}`, `scripts/pointer.lua`), so GET, PATCH and DELETE find any Life by id in
 //! at most two round trips, without looking at other shards.
 
+use super::replicas::Proof;
 use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
@@ -136,7 +137,8 @@ impl Store {
         }
         let refused = match result {
             Ok(()) => {
-                self.wait_for_replicas(shard).await?;
+                let proof = Proof::Exists(self.shard(shard).life(uuid));
+                self.confirm_replicas(shard, proof).await?;
                 return Ok(());
             }
             Err(Refusal::Api(e)) => e,
@@ -207,7 +209,10 @@ impl Store {
                 )))
             }
         };
-        self.wait_for_replicas(shard).await?;
+        // The Life the booking went into is there (a merge that a failover lost before a
+        // replica had it is not told apart from the booking it merged into).
+        let proof = Proof::Exists(k.life(&life.life_uuid));
+        self.confirm_replicas(shard, proof).await?;
         Ok((life, debounced))
     }
 
@@ -330,7 +335,8 @@ impl Store {
             .map_err(ApiError::write_unknown)?;
         Ok(match reply.first().map(String::as_str) {
             Some("ok") => {
-                self.wait_for_replicas(shard).await?;
+                let proof = Proof::Exists(self.shard(shard).life(&life.life_uuid));
+                self.confirm_replicas(shard, proof).await?;
                 IdemBooked::Booked
             }
             Some("replay") if reply.len() == 3 => IdemBooked::Found(IdemBegin::Replay {
@@ -583,7 +589,10 @@ impl Store {
             .map_err(ApiError::write_unknown)?;
         match reply.first().map(String::as_str) {
             Some("ok") => {
-                self.wait_for_replicas(shard).await?;
+                // The PATCH bumped the Life's version past the one it was made against.
+                let made_on: i64 = version.parse().unwrap_or(0);
+                let proof = Proof::AtLeast(k.life(uuid), "version", made_on + 1);
+                self.confirm_replicas(shard, proof).await?;
                 Ok(true)
             }
             Some("changed") => Ok(false),
@@ -631,7 +640,9 @@ impl Store {
         let second = reply.get(1).cloned().unwrap_or_default();
         Ok(match reply.first().map(String::as_str) {
             Some("ok") => {
-                self.wait_for_replicas(shard).await?;
+                // Every way a cancel is applied stamps the Life's updated_at_ms with now.
+                let proof = Proof::AtLeast(k.life(uuid), "updated_at_ms", now_ms);
+                self.confirm_replicas(shard, proof).await?;
                 CancelOutcome::Done(second)
             }
             Some("missing") => CancelOutcome::Missing,

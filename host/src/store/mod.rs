@@ -37,8 +37,10 @@ mod memory;
 pub mod migrate;
 mod ownership;
 mod queues;
+mod replicas;
 pub mod runs;
 pub mod shards;
+mod slot_router;
 mod timers;
 
 pub use conn::{Conn, Target, CLUSTER_SCHEME};
@@ -357,6 +359,8 @@ pub struct Store {
     min_replicas_ack: u32,
     /// How full each shard's Redis was at the last look.
     memory: Arc<MemoryState>,
+    /// Changes waiting for their replicas (store/replicas.rs).
+    acks: Arc<replicas::ReplicaAcks>,
 }
 
 /// Members of a shard's `plugin-lives:{name}` set (SSCAN's COUNT), or timers, one
@@ -385,9 +389,6 @@ fn life_id_number(id: &str) -> u128 {
     let digest = sha2::Sha256::digest(id.as_bytes());
     u128::from_be_bytes(digest[..16].try_into().expect("16 bytes"))
 }
-
-/// Most time a booking waits for its replicas (`WAIT`) before it is answered 503.
-const REPLICA_WAIT_MS: u64 = 2_000;
 
 impl Store {
     /// Connects (and keeps reconnecting) to the Redis or Redis Cluster at `url` and opens
@@ -421,21 +422,24 @@ impl Store {
         count: u32,
         scripts: Arc<Scripts>,
     ) -> Store {
+        let shards: Vec<ShardKeys> = (0..count)
+            .map(|i| ShardKeys::new(key_prefix, i, count))
+            .collect();
+        // On a cluster, each shard's slot gets a connection of its own, so that a master
+        // that fails stalls only its own shards' calls (store/conn.rs).
+        conn.dedicate(shards.iter().map(|k| k.slot() as u16));
         Store {
             conn,
             target,
             keys: Keys::new(key_prefix),
             placement: Placement { shards: count },
-            shards: Arc::new(
-                (0..count)
-                    .map(|i| ShardKeys::new(key_prefix, i, count))
-                    .collect(),
-            ),
+            shards: Arc::new(shards),
             scripts,
             timezone,
             runs_max_len: 0,
             min_replicas_ack: 0,
             memory: Arc::new(MemoryState::new(count)),
+            acks: Arc::default(),
         }
     }
 
@@ -514,30 +518,6 @@ impl Store {
 
     fn fmt(&self, ms: i64) -> String {
         rfc3339(ms, self.timezone)
-    }
-
-    /// With `--min-replicas-ack N`: waits until N replicas of the shard's master have
-    /// every write made so far (WAIT), so that a failover cannot lose what is about to be
-    /// acknowledged; 503 when they do not confirm in time (the write itself stands).
-    pub(crate) async fn wait_for_replicas(&self, shard: u32) -> Result<(), ApiError> {
-        if self.min_replicas_ack == 0 {
-            return Ok(());
-        }
-        let mut cmd = redis::cmd("WAIT");
-        cmd.arg(self.min_replicas_ack).arg(REPLICA_WAIT_MS);
-        let acked = self
-            .conn()
-            .on_slot(self.shard(shard).slot() as u16, cmd)
-            .await
-            .map_err(ApiError::write_unknown)?;
-        let acked: i64 = redis::from_redis_value(acked).unwrap_or(0);
-        if acked < self.min_replicas_ack as i64 {
-            return Err(ApiError::unconfirmed(format!(
-                "the write is on the master, but only {acked} of the {} replicas asked for confirmed it within {REPLICA_WAIT_MS} ms; look it up before booking again, or book again with the same life_uuid",
-                self.min_replicas_ack
-            )));
-        }
-        Ok(())
     }
 
     /// Who uses one plugin across every shard: the number of unfinished Lives booked

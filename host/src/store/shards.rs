@@ -37,6 +37,17 @@ pub fn slot_of(tag: &str) -> u32 {
     crc16(tag.as_bytes()) as u32 % SLOTS
 }
 
+/// The cluster slot of a key, as Redis Cluster finds it: the part between the first `{`
+/// and the next `}` when that part is not empty, else the whole key.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        let close = rest.iter().position(|&b| b == b'}')?;
+        (close > 0).then(|| &rest[..close])
+    });
+    (crc16(tagged.unwrap_or(key)) as u32 % SLOTS) as u16
+}
+
 /// The hash tag of shard `i` of `shards`: `s{i}` followed by the first suffix whose slot
 /// falls in the `i`-th of `shards` equal slot ranges (so `s3.41`), or `s{i}` alone when
 /// there are more shards than slots in a range can tell apart.
@@ -175,6 +186,11 @@ impl ShardKeys {
     pub fn due(&self) -> String {
         self.key(format_args!("due"))
     }
+    /// The mark the replica probe writes (store/replicas.rs).
+    pub fn ack_mark(&self) -> String {
+        self.key(format_args!("ack"))
+    }
+
     pub fn due_tasks(&self) -> String {
         self.key(format_args!("due_tasks"))
     }
@@ -282,6 +298,13 @@ mod tests {
         // Known slots (CLUSTER KEYSLOT): "foo" 12182, "bar" 5061.
         assert_eq!(slot_of("foo"), 12182);
         assert_eq!(slot_of("bar"), 5061);
+        // Hash tags, as the specification words them.
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{bar}.following"), 5061);
+        assert_eq!(key_slot(b"x{bar}{zap}"), 5061);
+        // `{}` is not a tag: the whole key is hashed.
+        assert_eq!(key_slot(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
+        assert_eq!(key_slot(b"foo{{bar}}zap"), crc16(b"{bar") % 16384);
     }
 
     #[test]
