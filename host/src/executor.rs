@@ -7,7 +7,7 @@
 //! for good but is retried every `death_retry_interval`, so that a resource is never left
 //! activated silently.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -269,7 +269,13 @@ impl Engine {
             .collect();
         let requests: Vec<&Claimed> = batch.iter().map(|(plan, _)| plan).collect();
         // The lease the runs start under: a run is not called once it has lapsed.
-        let lease = self.lease_token();
+        let Some(lease) = self.lease_token(shard) else {
+            // Not this host's shard any more: its Plans go with it.
+            for (plan, _) in batch {
+                self.forget(&plan);
+            }
+            return;
+        };
         let outcomes = self
             .store
             .start_runs(
@@ -302,11 +308,12 @@ impl Engine {
                 StartOutcome::Run { attempts } => {
                     let engine = self.clone();
                     let finished = finished.clone();
+                    let lease = lease.clone();
                     self.running.fetch_add(1, Ordering::AcqRel);
                     tokio::spawn(async move {
                         let fence = {
                             let engine = engine.clone();
-                            Fence::new(move || engine.lease_intact(lease))
+                            Fence::new(move || engine.lease_intact(&lease))
                         };
                         let run = engine.run_one(plan, action, attempts, fence).await;
                         drop(slot);
@@ -642,7 +649,28 @@ impl Engine {
 
     /// Records finished runs in batches: whatever arrived while the previous batch was
     /// being written goes in the next one.
+    /// Records finished runs, one lane per shard: each lane writes one batch at a time,
+    /// and what finishes meanwhile goes into its next. A shard whose master does not
+    /// answer (its lane retrying for up to `RECORD_PATIENCE`) holds up no other shard's
+    /// outcomes. Ends once every run sent to it is recorded.
     pub(crate) async fn finisher(self: Arc<Self>, mut finished: mpsc::UnboundedReceiver<Finished>) {
+        let mut lanes: HashMap<u32, mpsc::UnboundedSender<Finished>> = HashMap::new();
+        let mut lane_tasks = tokio::task::JoinSet::new();
+        while let Some(run) = finished.recv().await {
+            let shard = run.run.plan.shard;
+            let lane = lanes.entry(shard).or_insert_with(|| {
+                let (tx, rx) = mpsc::unbounded_channel();
+                lane_tasks.spawn(self.clone().finish_lane(rx));
+                tx
+            });
+            let _ = lane.send(run);
+        }
+        drop(lanes);
+        while lane_tasks.join_next().await.is_some() {}
+    }
+
+    /// One shard's lane of the finisher.
+    async fn finish_lane(self: Arc<Self>, mut finished: mpsc::UnboundedReceiver<Finished>) {
         while let Some(first) = finished.recv().await {
             let mut batch = vec![first];
             while batch.len() < FINISH_BATCH {

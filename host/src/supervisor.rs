@@ -14,6 +14,7 @@
 //!   the retention sweep.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -38,6 +39,10 @@ const AUDIT_BATCH: usize = 1000;
 /// instead of every held Plan's claim being read every pass (during a burst of 100,000
 /// Plans that was 0.9 extra Redis reads per fire).
 const AUDIT_GRACE_MS: i64 = 2_000;
+/// Longest one look at a shard's sweep may take before the supervisor goes on.
+const SWEEP_PATIENCE: Duration = Duration::from_secs(10);
+/// Longest one shard's audit may take before the others go on without it.
+const AUDIT_PATIENCE: Duration = Duration::from_secs(1);
 /// Plans handed back per shard_release call.
 const RELEASE_BATCH: usize = 1000;
 /// Pause between two looks at how full Redis is.
@@ -54,12 +59,66 @@ const MEMORY_CLOSE_AT: u32 = 800;
 const EVICTION_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// A shard this host owns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub(crate) struct Owned {
     /// The lease's generation: claims and starts go under it.
     pub gen: u64,
     /// Being given up: no new claims or starts.
     pub draining: bool,
+    /// The lease as this host sees it.
+    pub lease: Arc<LeaseWatch>,
+}
+
+/// Until when this host's lease on a shard holds, by this host's clock (ms), and how many
+/// times it has lapsed (renewed only after it had run out). A process frozen (SIGSTOP, a
+/// paused VM) past its lease, then resumed, finds it lapsed even if the heartbeat renews
+/// it first: another host may have taken its Plans over meanwhile. Each shard has its
+/// own: a master that cannot be reached lapses the leases of its shards only, and the
+/// runs of the other shards go on.
+#[derive(Debug)]
+pub(crate) struct LeaseWatch {
+    until_ms: AtomicI64,
+    lapses: AtomicU64,
+}
+
+impl LeaseWatch {
+    fn new(until_ms: i64) -> Self {
+        LeaseWatch {
+            until_ms: AtomicI64::new(until_ms),
+            lapses: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn renewed(&self, renewed_at_ms: i64, until_ms: i64) {
+        if renewed_at_ms > self.until_ms.load(Ordering::Acquire) {
+            self.lapses.fetch_add(1, Ordering::AcqRel);
+        }
+        self.until_ms.fetch_max(until_ms, Ordering::AcqRel);
+    }
+
+    pub(crate) fn until_ms(&self) -> i64 {
+        self.until_ms.load(Ordering::Acquire)
+    }
+}
+
+/// A shard's lease as a run started under it: the run is not called once that lease has
+/// lapsed, even if renewed since.
+#[derive(Debug, Clone)]
+pub(crate) struct LeaseToken {
+    lease: Arc<LeaseWatch>,
+    lapses: u64,
+}
+
+impl LeaseToken {
+    pub(crate) fn new(lease: Arc<LeaseWatch>) -> Self {
+        let lapses = lease.lapses.load(Ordering::Acquire);
+        LeaseToken { lease, lapses }
+    }
+
+    /// The lease has not lapsed since the token was taken and holds at `now_ms`.
+    pub(crate) fn intact(&self, now_ms: i64) -> bool {
+        self.lease.lapses.load(Ordering::Acquire) == self.lapses && now_ms < self.lease.until_ms()
+    }
 }
 
 /// The shards this host owns.
@@ -94,17 +153,27 @@ impl ShardTable {
     /// Every shard owned, draining or not.
     pub(crate) fn all(&self) -> Vec<(u32, Owned)> {
         let owned = self.owned.lock().expect("shard table lock");
-        let mut out: Vec<(u32, Owned)> = owned.iter().map(|(s, o)| (*s, *o)).collect();
+        let mut out: Vec<(u32, Owned)> = owned.iter().map(|(s, o)| (*s, o.clone())).collect();
         out.sort_by_key(|(s, _)| *s);
         out
     }
 
-    fn insert(&self, shard: u32, gen: u64) {
+    /// A shard's lease, while it is owned.
+    pub(crate) fn lease(&self, shard: u32) -> Option<Arc<LeaseWatch>> {
+        self.owned
+            .lock()
+            .expect("shard table lock")
+            .get(&shard)
+            .map(|o| o.lease.clone())
+    }
+
+    fn insert(&self, shard: u32, gen: u64, lease_until_ms: i64) {
         self.owned.lock().expect("shard table lock").insert(
             shard,
             Owned {
                 gen,
                 draining: false,
+                lease: Arc::new(LeaseWatch::new(lease_until_ms)),
             },
         );
     }
@@ -144,20 +213,33 @@ impl Engine {
         }
     }
 
-    /// One look at the shards.
+    /// One look at the shards. Each shard's lease is renewed on its own, within a
+    /// quarter lease: a master that does not answer costs the leases of its own shards,
+    /// never the others' (nor this look's next turn).
     pub(crate) async fn keep_shards(&self, stopping: bool) {
         let started_ms = crate::scheduler::wall_ms();
         let lease_ms = self.lease_ms();
-        let live = match self
-            .store
-            .announce_host(&self.host_id, started_ms, started_ms + lease_ms)
-            .await
-        {
-            Ok(live) => live,
-            Err(e) => {
+        let patience = Duration::from_millis((lease_ms / 4).max(100) as u64);
+        let announced = tokio::time::timeout(
+            patience,
+            self.store
+                .announce_host(&self.host_id, started_ms, started_ms + lease_ms),
+        )
+        .await;
+        let live = match announced {
+            Ok(Ok(live)) => {
+                self.heard_from_redis(started_ms);
+                Some(live)
+            }
+            Ok(Err(e)) => {
                 self.store_failed();
-                tracing::warn!(error = %e, "cannot reach Redis to keep this host's shards");
-                return;
+                tracing::warn!(error = %e, "cannot announce this host; renewing its leases all the same");
+                None
+            }
+            Err(_) => {
+                self.store_failed();
+                tracing::warn!("announcing this host timed out; renewing its leases all the same");
+                None
             }
         };
         // Renew every lease held, draining ones included (their runs are still going).
@@ -167,35 +249,43 @@ impl Engine {
             .into_iter()
             .map(|(s, o)| (s, o.gen))
             .collect();
-        match self.store.shard_renew(&self.host_id, &held, lease_ms).await {
-            Ok(kept) => {
-                for ((shard, _), kept) in held.iter().zip(kept) {
-                    if !kept {
-                        tracing::warn!(
-                            shard,
-                            "this host's lease on the shard was taken over; dropping it"
-                        );
-                        self.drop_shard(*shard);
-                    }
+        let renewed = self
+            .store
+            .shard_renew(&self.host_id, &held, lease_ms, patience)
+            .await;
+        let mut failed = Vec::new();
+        for ((shard, _), kept) in held.iter().zip(renewed) {
+            match kept {
+                Ok(true) => self.lease_renewed(*shard, started_ms, started_ms + lease_ms),
+                Ok(false) => {
+                    tracing::warn!(
+                        shard,
+                        "this host's lease on the shard was taken over; dropping it"
+                    );
+                    self.drop_shard(*shard);
                 }
-                self.lease_renewed(started_ms, started_ms + lease_ms);
+                Err(e) => failed.push((*shard, e)),
             }
-            Err(e) => {
-                self.store_failed();
-                tracing::warn!(error = %e, "cannot renew this host's shard leases");
-                return;
-            }
+        }
+        if let Some((_, e)) = failed.first() {
+            self.store_failed();
+            let shards: Vec<u32> = failed.iter().map(|(s, _)| *s).collect();
+            tracing::warn!(error = %e, ?shards, "cannot renew this host's leases on these shards; the others are renewed");
         }
         if stopping {
             return;
         }
+        // Without this look's list of live hosts, the split stays as it is: taking or
+        // giving up shards waits for the next look that can read it.
+        let Some(live) = live else { return };
         let wanted: BTreeSet<u32> = (0..self.store.shard_count())
             .filter(|&s| preferred_host(s, &live) == Some(self.host_id.as_str()))
             .collect();
         let owned: BTreeSet<u32> = self.shards.all().into_iter().map(|(s, _)| s).collect();
-        for &shard in wanted.difference(&owned) {
-            self.take_shard(shard).await;
-        }
+        let takes = wanted
+            .difference(&owned)
+            .map(|&shard| tokio::time::timeout(patience, self.take_shard(shard)));
+        futures_util::future::join_all(takes).await;
         for (shard, o) in self.shards.all() {
             if !wanted.contains(&shard) {
                 if !o.draining {
@@ -206,7 +296,7 @@ impl Engine {
                     self.shards.drain(shard);
                     self.forget_shard(shard);
                 }
-                self.finish_draining(shard, o.gen).await;
+                let _ = tokio::time::timeout(patience, self.finish_draining(shard, o.gen)).await;
             }
         }
     }
@@ -264,7 +354,8 @@ impl Engine {
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tracing::warn!(shard, gen, from = %previous, plans = moved, "took over a shard whose lease had run out; its claimed Plans are back in the due set");
         }
-        self.shards.insert(shard, gen);
+        self.shards
+            .insert(shard, gen, crate::scheduler::wall_ms() + self.lease_ms());
         self.mark_dirty(shard);
     }
 
@@ -373,19 +464,26 @@ impl Engine {
     /// the wake-ups of finish_task and resume (a crash between them, a raised limit).
     /// Each host looks after the queues of its own shards.
     async fn wake_queues(&self) {
-        for (shard, _) in self.shards.active() {
-            let names = match self.store.shard_queue_names(shard).await {
-                Ok(names) => names,
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot list queues to wake their waiting tasks");
-                    return;
-                }
-            };
-            for name in names {
-                if let Err(e) = self.store.queue_wake(&name, self.notify_before_ms()).await {
-                    tracing::warn!(queue = %name, error = %e, "cannot wake the queue's waiting tasks");
-                    return;
-                }
+        // Shard by shard at once: a master that does not answer holds up no other's.
+        let wakes =
+            self.shards.active().into_iter().map(|(shard, _)| {
+                tokio::time::timeout(AUDIT_PATIENCE, self.wake_shard_queues(shard))
+            });
+        futures_util::future::join_all(wakes).await;
+    }
+
+    async fn wake_shard_queues(&self, shard: u32) {
+        let names = match self.store.shard_queue_names(shard).await {
+            Ok(names) => names,
+            Err(e) => {
+                tracing::warn!(shard, error = %e, "cannot list queues to wake their waiting tasks");
+                return;
+            }
+        };
+        for name in names {
+            if let Err(e) = self.store.queue_wake(&name, self.notify_before_ms()).await {
+                tracing::warn!(queue = %name, error = %e, "cannot wake the queue's waiting tasks");
+                return;
             }
         }
     }
@@ -398,46 +496,57 @@ impl Engine {
     /// entry of a Plan handed back fails its fence at start, so this never runs a Plan
     /// twice at once.
     pub(crate) async fn audit_held(&self) {
-        for (shard, _) in self.shards.active() {
-            let gate = self.claim_gate.lock().await;
-            let held = match self
-                .store
-                .held_due_before(shard, self.clock.now_ms() - AUDIT_GRACE_MS, AUDIT_BATCH)
-                .await
-            {
-                Ok(held) => held,
-                Err(e) => {
-                    self.store_failed();
-                    tracing::warn!(error = %e, "cannot audit held Plans");
-                    return;
-                }
-            };
-            let orphans: Vec<(String, String)> = held
-                .into_iter()
-                .filter(|(id, claim)| !self.tracks(id, claim))
-                .collect();
-            drop(gate);
-            if orphans.is_empty() {
-                continue;
+        // Every shard at once, each within a second: a master that does not answer
+        // holds up the audit of no other shard.
+        let audits = self
+            .shards
+            .active()
+            .into_iter()
+            .map(|(shard, _)| tokio::time::timeout(AUDIT_PATIENCE, self.audit_shard(shard)));
+        futures_util::future::join_all(audits).await;
+    }
+
+    /// The audit of one shard (see [`audit_held`](Self::audit_held)).
+    pub(crate) async fn audit_shard(&self, shard: u32) {
+        let gate = self.claim_gate(shard);
+        let gate = gate.lock().await;
+        let held = match self
+            .store
+            .held_due_before(shard, self.clock.now_ms() - AUDIT_GRACE_MS, AUDIT_BATCH)
+            .await
+        {
+            Ok(held) => held,
+            Err(e) => {
+                self.store_failed();
+                tracing::warn!(shard, error = %e, "cannot audit held Plans");
+                return;
             }
-            match self
-                .store
-                .release(
-                    shard,
-                    &self.host_id,
-                    &orphans,
-                    self.notify_before_ms(),
-                    i64::MAX,
-                )
-                .await
-            {
-                Ok(moved) => tracing::warn!(
-                    shard,
-                    plans = moved,
-                    "handed back held Plans this host no longer tracked"
-                ),
-                Err(e) => tracing::warn!(error = %e, "cannot hand back orphaned Plans"),
-            }
+        };
+        let orphans: Vec<(String, String)> = held
+            .into_iter()
+            .filter(|(id, claim)| !self.tracks(id, claim))
+            .collect();
+        drop(gate);
+        if orphans.is_empty() {
+            return;
+        }
+        match self
+            .store
+            .release(
+                shard,
+                &self.host_id,
+                &orphans,
+                self.notify_before_ms(),
+                i64::MAX,
+            )
+            .await
+        {
+            Ok(moved) => tracing::warn!(
+                shard,
+                plans = moved,
+                "handed back held Plans this host no longer tracked"
+            ),
+            Err(e) => tracing::warn!(shard, error = %e, "cannot hand back orphaned Plans"),
         }
     }
 
@@ -586,22 +695,34 @@ impl Engine {
 
     async fn sweep_finished(&self) {
         let cutoff = self.clock.now_ms() - self.config.history_retention.as_millis() as i64;
-        for (shard, _) in self.shards.active() {
-            loop {
-                match self.store.sweep(shard, cutoff, SWEEP_BATCH).await {
-                    Ok(n) if (n as usize) < SWEEP_BATCH => {
-                        if n > 0 {
-                            tracing::info!(shard, lives = n, "swept finished Lives past retention");
+        // Shard by shard at once: a master that does not answer holds up no other's
+        // sweep (what one pass leaves, the next takes).
+        let sweeps = self
+            .shards
+            .active()
+            .into_iter()
+            .map(|(shard, _)| async move {
+                loop {
+                    match self.store.sweep(shard, cutoff, SWEEP_BATCH).await {
+                        Ok(n) if (n as usize) < SWEEP_BATCH => {
+                            if n > 0 {
+                                tracing::info!(
+                                    shard,
+                                    lives = n,
+                                    "swept finished Lives past retention"
+                                );
+                            }
+                            return;
                         }
-                        break;
-                    }
-                    Ok(_) => continue,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "sweep failed");
-                        return;
+                        Ok(_) => continue,
+                        Err(e) => {
+                            tracing::warn!(shard, error = %e, "sweep failed");
+                            return;
+                        }
                     }
                 }
-            }
-        }
+            });
+        let sweeps = sweeps.map(|sweep| tokio::time::timeout(SWEEP_PATIENCE, sweep));
+        futures_util::future::join_all(sweeps).await;
     }
 }

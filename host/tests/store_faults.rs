@@ -382,7 +382,7 @@ async fn a_host_whose_shard_lease_ran_out_or_was_taken_starts_and_claims_nothing
         ClaimReply::Expired
     ));
     assert_eq!(
-        store.shard_renew("h1", &[(0, gen)], 30_000).await.unwrap(),
+        renew(&store, "h1", gen).await,
         [true],
         "not taken over: the lease is still this host's to renew"
     );
@@ -409,7 +409,7 @@ async fn a_host_whose_shard_lease_ran_out_or_was_taken_starts_and_claims_nothing
         ClaimReply::Lost
     ));
     assert_eq!(
-        store.shard_renew("h1", &[(0, gen)], 30_000).await.unwrap(),
+        renew(&store, "h1", gen).await,
         [false]
     );
     // What h1 had claimed is h2's to fire, the cut-off run included.
@@ -783,4 +783,14 @@ async fn overdue_plans_and_the_oldest_ones_age_are_counted() {
         (60_000..70_000).contains(&stats.oldest_overdue_ms),
         "{stats:?}"
     );
+}
+
+/// `host`'s renewal of shard 0 under `gen` (a 30 s lease).
+async fn renew(store: &Store, host: &str, gen: u64) -> Vec<bool> {
+    store
+        .shard_renew(host, &[(0, gen)], 30_000, std::time::Duration::from_secs(5))
+        .await
+        .into_iter()
+        .map(|kept| kept.unwrap())
+        .collect()
 }

@@ -95,31 +95,38 @@ impl Store {
     }
 
     /// Extends `host`'s lease on each of `shards` (shard, generation); per shard whether
-    /// it is still this host's. All shards at once, one call each.
+    /// it is still this host's, or why it could not be asked within `patience`. All
+    /// shards at once, one call each, each answer on its own: a master that does not
+    /// answer fails the renewals of its shards only.
     pub async fn shard_renew(
         &self,
         host: &str,
         shards: &[(u32, u64)],
         lease_ms: i64,
-    ) -> redis::RedisResult<Vec<bool>> {
+        patience: std::time::Duration,
+    ) -> Vec<redis::RedisResult<bool>> {
         let calls = shards.iter().map(|&(shard, gen)| {
             let k = self.shard(shard);
             let mut conn = self.conn();
             async move {
-                let kept: i64 = self
-                    .scripts
-                    .shard_renew
+                let mut invocation = self.scripts.shard_renew.prepare_invoke();
+                invocation
                     .key(k.owner())
                     .arg(&k.prefix)
                     .arg(host)
                     .arg(gen)
-                    .arg(lease_ms)
-                    .invoke_async(&mut conn)
-                    .await?;
-                Ok::<_, redis::RedisError>(kept == 1)
+                    .arg(lease_ms);
+                let renew = invocation.invoke_async::<i64>(&mut conn);
+                match tokio::time::timeout(patience, renew).await {
+                    Ok(kept) => kept.map(|kept| kept == 1),
+                    Err(_) => Err(redis::RedisError::from((
+                        redis::ErrorKind::Io,
+                        "no answer within a quarter lease",
+                    ))),
+                }
             }
         });
-        futures_util::future::try_join_all(calls).await
+        futures_util::future::join_all(calls).await
     }
 
     /// Puts up to `batch` Plans held in the shard back in its due sets; with `give_up`,
