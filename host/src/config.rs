@@ -65,8 +65,9 @@ pub struct ServeArgs {
     /// Base URL that webhook `path`s are joined to, e.g. http://gateway:8000.
     #[arg(long, env = "KAIROS_GATEWAY_URL")]
     pub gateway_url: Option<String>,
-    /// Prefix of every Redis key [default: kairos]. Use a hash tag such as `{kairos}` on a
-    /// Redis Cluster so that each multi-key script stays in one slot.
+    /// Prefix of every Redis key [default: kairos]. Needs no hash tag on a Redis Cluster:
+    /// each shard's keys carry their own (`kairos:{s4.10}:...`), and a prefix with braces
+    /// would put every shard in one slot, so braces are refused.
     #[arg(long, env = "KAIROS_KEY_PREFIX")]
     pub key_prefix: Option<String>,
     /// IANA zone of booking times written without an offset [default: UTC].
@@ -810,6 +811,11 @@ impl Config {
                 "booking_plan_watch_interval: must be more than 0".into(),
             ));
         }
+        if self.key_prefix.contains(['{', '}']) {
+            return Err(ConfigError(
+                "key_prefix: must not contain `{` or `}`: each shard's keys carry a hash tag of their own, and one in the prefix would put every shard in one Redis Cluster slot".into(),
+            ));
+        }
         if self.key_prefix.is_empty() || self.key_prefix.contains(char::is_whitespace) {
             return Err(ConfigError(
                 "key_prefix: must be non-empty without spaces".into(),
@@ -1147,5 +1153,24 @@ mod tests {
         assert!(c.refuses_open_listen());
         c.insecure = true;
         assert!(!c.refuses_open_listen());
+    }
+
+    #[test]
+    fn a_key_prefix_with_a_hash_tag_is_refused() {
+        for prefix in ["{kairos}", "kairos{a}", "k}"] {
+            let refused = Config::resolve(&ServeArgs {
+                key_prefix: Some(prefix.into()),
+                ..ServeArgs::default()
+            });
+            assert!(
+                refused.is_err_and(|e| e.0.contains("one Redis Cluster slot")),
+                "{prefix}"
+            );
+        }
+        let plain = Config::resolve(&ServeArgs {
+            key_prefix: Some("tenant-a".into()),
+            ..ServeArgs::default()
+        });
+        assert_eq!(plain.unwrap().key_prefix, "tenant-a");
     }
 }
