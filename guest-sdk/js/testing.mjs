@@ -18,6 +18,7 @@
 import { register } from 'node:module';
 
 let registered = false;
+const SDK = new URL('./kairos.js', import.meta.url).href;
 
 /** Imports a plugin module (a path or URL) as componentize-js would see it. */
 export async function load(app) {
@@ -75,12 +76,42 @@ export class Kit {
   }
 
   /** `handler(request)` answers each request (a `response(...)`), or throws: a request
-   * that got no answer. */
+   * that got no answer (an `HttpError` from 'kairos-guest' is thrown as it is, so a
+   * test can give one with `denied: true`). */
   onHttp(handler) {
     this.handler = handler;
     return this;
   }
 
+  /** A request of the SDK's `http`, answered by the handler: `{status, headers, body}`,
+   * or an HttpError, as the host's answer would be. */
+  async send({ method, url, headers, body }) {
+    const lower = Object.fromEntries(headers.map(([k, v]) => [k.toLowerCase(), v]));
+    const text = new TextDecoder().decode(body);
+    this.requests.push({
+      method,
+      url,
+      headers: lower,
+      body: text,
+      header: (name) => lower[name.toLowerCase()],
+      json: () => JSON.parse(text),
+    });
+    let answer;
+    try {
+      answer = await this.handler(this.requests[this.requests.length - 1]);
+    } catch (e) {
+      const { HttpError } = await import(SDK);
+      if (e instanceof HttpError) throw e;
+      throw new HttpError(`${url}: ${e && e.message ? e.message : e}`);
+    }
+    return {
+      status: answer.status,
+      headers: [...answer.headers],
+      body: new Uint8Array(await answer.arrayBuffer()),
+    };
+  }
+
+  /** `fetch` for a plugin that calls it itself rather than through the SDK's `http`. */
   async fetch(url, init) {
     const headers = Object.fromEntries(
       Object.entries(init.headers ?? {}).map(([k, v]) => [k.toLowerCase(), String(v)]),

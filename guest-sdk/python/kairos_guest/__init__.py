@@ -266,7 +266,7 @@ def export_action(
             except Error as e:
                 raise to_wit(e) from None
             except http.HttpError as e:
-                raise to_wit(Error(str(e), not e.denied)) from None
+                raise to_wit(Error(str(e), e.retryable)) from None
             except schedule.BookingError as e:
                 raise to_wit(Error.fatal(f"booking refused: {e.code}: {e.message}")) from None
             except Exception as e:  # a bug in the plugin: say where, fail for good

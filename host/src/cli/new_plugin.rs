@@ -101,6 +101,10 @@ const SDK_JS: &[File] = &[
         "kairos-guest/native/wit.mjs",
         include_str!("../../../guest-sdk/js/native/wit.mjs"),
     ),
+    (
+        "kairos-guest/native/wasi.mjs",
+        include_str!("../../../guest-sdk/js/native/wasi.mjs"),
+    ),
 ];
 
 /// The Python guest SDK (a package next to the plugin's module).
