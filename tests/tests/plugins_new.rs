@@ -38,6 +38,7 @@ async fn a_new_project_builds_tests_and_runs_as_is() {
     let (code, out, err) = kairos_command(&["plugins", "new", "greeter", "--dir", &dir]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("greeter"), "{out}");
+    assert_eq!(out.matches("README.md").count(), 1, "{out}");
     let project = parent.0.join("greeter");
 
     // Its own native tests (the SDK's test kit), then the component.
@@ -146,13 +147,23 @@ async fn javascript_and_python_projects_build_and_run_as_is() {
         &dir,
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("npm run build"), "{out}");
+    assert!(
+        out.contains("npm install && npm test && npm run build"),
+        "{out}"
+    );
+    assert_eq!(out.matches("README.md").count(), 1, "{out}");
     let project = parent.0.join("greeter-js");
-    // Its own tests, natively with the SDK's test kit, as its README says (`npm test`).
-    run_tool(&project, "node", &["--test"], &[]);
     let workspace = tool_ready("need_componentize_js");
-    // `npm run build` with the tools scripts/test installed, not a download.
+    // The tools scripts/test installed (those of its package.json), not a download.
     let node_path = workspace.join("target/componentize-js/node_modules");
+    // Its own tests, natively with the SDK's test kit, as its README says (`npm test`).
+    run_tool(
+        &project,
+        "node",
+        &["--test"],
+        &[("NODE_PATH", node_path.display().to_string())],
+    );
+    // `npm run build`.
     run_tool(
         &project,
         "node",
@@ -171,10 +182,23 @@ async fn javascript_and_python_projects_build_and_run_as_is() {
         &dir,
     ]);
     assert_eq!(code, 0, "{out}{err}");
+    // Said once, with the test kit's jsonschema in the venv it makes.
+    assert_eq!(out.matches("README.md").count(), 1, "{out}");
+    assert!(
+        out.contains("jsonschema") && out.contains(".venv/bin/python -m unittest"),
+        "{out}"
+    );
     let project = parent.0.join("greeter-py");
-    // Its own tests, natively with the SDK's test kit, as its README says.
-    run_tool(&project, "python3", &["-m", "unittest", "-q"], &[]);
     let workspace = tool_ready("need_componentize_py");
+    // Its own tests, natively with the SDK's test kit, as its README says, in the venv
+    // scripts/test made as the README makes .venv (componentize-py and jsonschema).
+    let python = workspace.join("target/componentize-py-venv/bin/python");
+    run_tool(
+        &project,
+        &python.display().to_string(),
+        &["-m", "unittest", "-q"],
+        &[],
+    );
     let componentize = workspace.join("target/componentize-py-venv/bin/componentize-py");
     run_tool(
         &project,

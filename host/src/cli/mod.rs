@@ -712,14 +712,10 @@ async fn plugins(api: &Api, command: PluginsCommand, output: Output) -> anyhow::
         }
         PluginsCommand::New { name, lang, dir } => {
             let project = new_plugin::write_project(&name, std::path::Path::new(&dir), &lang)?;
-            let next = match lang.as_str() {
-                "rust" => "cargo test && cargo build --release --target wasm32-wasip2",
-                "python" => "python3 -m venv .venv && .venv/bin/pip install componentize-py==0.25.1 (then its README.md)",
-                _ => "npm install && npm run build",
-            };
             println!(
-                "wrote {0}/\nnext: cd {0} && {next} (see its README.md)",
-                project.display()
+                "wrote {0}/\nnext: cd {0} && {1} (see its README.md)",
+                project.display(),
+                new_plugin::next_steps(&lang)
             );
         }
         PluginsCommand::Delete { name, force } => {
