@@ -186,8 +186,10 @@ pub enum PluginsCommand {
         #[arg(long, default_value = "30s")]
         request_timeout: String,
     },
-    /// Write a new plugin project, NAME/, that builds as is: a Rust crate with an
-    /// example action and its tests, the guest SDK and the WIT files it is built against.
+    /// Write a new plugin project, NAME/, that builds and tests as is: in Rust (a
+    /// crate), JavaScript or Python (--lang), with an example action and its tests, the
+    /// guest SDK of its language and the WIT files it is built against. The first step
+    /// of a new plugin.
     New {
         name: String,
         /// The plugin's language: rust, js or python.
