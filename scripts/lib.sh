@@ -127,17 +127,23 @@ need_test_venv() {
 }
 
 # componentize-py from PyPI, pinned (its CLI and the Python modules it generates for a
-# WIT world change between releases), in a virtual environment of its own,
-# target/componentize-py-venv, kept between runs. Sets COMPONENTIZE_PY. With
-# KAIROS_NO_INSTALL=1 (the end-to-end tests) it installs nothing and says what to run.
+# WIT world change between releases), with jsonschema, which the SDK's test kit
+# (kairos_guest.testing) checks inputs against a plugin's input schema with, in a
+# virtual environment of its own, target/componentize-py-venv, kept between runs (a
+# component bundles only what its modules import: jsonschema is not in it). Sets
+# COMPONENTIZE_PY, and KIT_PYTHON for the plugins' own tests. With KAIROS_NO_INSTALL=1
+# (the end-to-end tests) it installs nothing and says what to run.
 COMPONENTIZE_PY_VERSION=0.25.1
+JSONSCHEMA_PY_VERSION=4.26.0
 need_componentize_py() {
   venv=target/componentize-py-venv
   COMPONENTIZE_PY="$venv/bin/componentize-py"
-  if "$COMPONENTIZE_PY" --version 2>/dev/null | grep -qx "componentize-py $COMPONENTIZE_PY_VERSION"; then
+  KIT_PYTHON="$PWD/$venv/bin/python"
+  if "$COMPONENTIZE_PY" --version 2>/dev/null | grep -qx "componentize-py $COMPONENTIZE_PY_VERSION" &&
+    "$KIT_PYTHON" -m pip show jsonschema 2>/dev/null | grep -qx "Version: $JSONSCHEMA_PY_VERSION"; then
     return
   fi
-  install="python3 -m venv $venv && $venv/bin/python -m pip install componentize-py==$COMPONENTIZE_PY_VERSION"
+  install="python3 -m venv $venv && $venv/bin/python -m pip install componentize-py==$COMPONENTIZE_PY_VERSION jsonschema==$JSONSCHEMA_PY_VERSION"
   if [ "${KAIROS_NO_INSTALL:-}" = 1 ]; then
     echo "componentize-py $COMPONENTIZE_PY_VERSION is missing: $install (scripts/test does this)" >&2
     return 1
@@ -152,9 +158,10 @@ need_componentize_py() {
       python3 -m venv "$venv" || { echo "python3 cannot make a virtual environment: apt-get install -y python3-venv" >&2; return 1; }
     fi
   fi
-  echo "installing componentize-py $COMPONENTIZE_PY_VERSION (pip)…" >&2
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check "componentize-py==$COMPONENTIZE_PY_VERSION" || {
-    echo "cannot install componentize-py from PyPI: $install" >&2; return 1; }
+  echo "installing componentize-py $COMPONENTIZE_PY_VERSION and jsonschema $JSONSCHEMA_PY_VERSION (pip)…" >&2
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    "componentize-py==$COMPONENTIZE_PY_VERSION" "jsonschema==$JSONSCHEMA_PY_VERSION" || {
+    echo "cannot install componentize-py and jsonschema from PyPI: $install" >&2; return 1; }
 }
 
 # Whether the component $1 is up to date: it and its stamp $2 (the tool's pinned
@@ -185,21 +192,27 @@ build_python_plugins() {
 }
 
 # componentize-js and rolldown from the npm registry, pinned (the component's runtime,
-# StarlingMonkey, comes with componentize-js), into target/componentize-js, kept between
-# runs; Node.js 18 or newer from Debian's nodejs and npm packages where missing. Sets
-# JS_NODE_PATH. With KAIROS_NO_INSTALL=1 (the end-to-end tests) it installs nothing and
-# says what to run.
+# StarlingMonkey, comes with componentize-js), with ajv and ajv-formats, which the SDK's
+# test kit (guest-sdk/js/testing.mjs) checks inputs against a plugin's input schema
+# with, into target/componentize-js, kept between runs; Node.js 18 or newer from
+# Debian's nodejs and npm packages where missing. Sets JS_NODE_PATH (the kit finds ajv
+# through NODE_PATH). With KAIROS_NO_INSTALL=1 (the end-to-end tests) it installs nothing
+# and says what to run.
 COMPONENTIZE_JS_VERSION=0.23.0
 ROLLDOWN_VERSION=1.3.2
+AJV_VERSION=8.20.0
+AJV_FORMATS_VERSION=3.0.1
 need_componentize_js() {
   dir=target/componentize-js
   JS_NODE_PATH="$PWD/$dir/node_modules"
   manifest="$dir/node_modules/@bytecodealliance/componentize-js/package.json"
   if [ -f "$manifest" ] && grep -q "\"version\": \"$COMPONENTIZE_JS_VERSION\"" "$manifest" &&
-    [ -f "$dir/node_modules/rolldown/package.json" ]; then
+    [ -f "$dir/node_modules/rolldown/package.json" ] &&
+    grep -q "\"version\": \"$AJV_VERSION\"" "$dir/node_modules/ajv/package.json" 2>/dev/null &&
+    grep -q "\"version\": \"$AJV_FORMATS_VERSION\"" "$dir/node_modules/ajv-formats/package.json" 2>/dev/null; then
     return
   fi
-  install="npm install --prefix $dir @bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION rolldown@$ROLLDOWN_VERSION"
+  install="npm install --prefix $dir @bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION rolldown@$ROLLDOWN_VERSION ajv@$AJV_VERSION ajv-formats@$AJV_FORMATS_VERSION"
   if [ "${KAIROS_NO_INSTALL:-}" = 1 ]; then
     echo "componentize-js $COMPONENTIZE_JS_VERSION is missing: $install (scripts/test does this)" >&2
     return 1
@@ -211,11 +224,15 @@ need_componentize_js() {
     fi
     command -v npm >/dev/null 2>&1 || { echo "Node.js and npm are missing: apt-get install -y nodejs npm" >&2; return 1; }
   fi
-  echo "installing componentize-js $COMPONENTIZE_JS_VERSION and rolldown $ROLLDOWN_VERSION (npm)…" >&2
+  echo "installing componentize-js $COMPONENTIZE_JS_VERSION, rolldown $ROLLDOWN_VERSION and ajv $AJV_VERSION (npm)…" >&2
+  # Afresh: componentize-js imports @bytecodealliance/preview2-shim without depending on
+  # it, and an install over an older tree can leave that package nested out of its reach.
+  rm -rf "$dir"
   mkdir -p "$dir"
   npm install --prefix "$dir" --no-audit --no-fund --silent \
-    "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" "rolldown@$ROLLDOWN_VERSION" >&2 || {
-    echo "cannot install componentize-js from the npm registry: $install" >&2; return 1; }
+    "@bytecodealliance/componentize-js@$COMPONENTIZE_JS_VERSION" "rolldown@$ROLLDOWN_VERSION" \
+    "ajv@$AJV_VERSION" "ajv-formats@$AJV_FORMATS_VERSION" >&2 || {
+    echo "cannot install componentize-js, rolldown and ajv from the npm registry: $install" >&2; return 1; }
 }
 
 # Builds each JavaScript plugin, plugins/js-*/ (its module app.js, with the SDK in

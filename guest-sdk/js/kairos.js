@@ -12,12 +12,20 @@
 //
 // Build it into a component with componentize-js against the kairos:plugin/action world
 // in kairos's wit/ (see this directory's README). What a plugin can reach is what the
-// host gives it: `http` (fetch, through the host's outbound policy and the plugin's
+// host gives it: `http` (wasi:http, through the host's outbound policy and the plugin's
 // allowed_hosts), `log`, the clock (`nowMs`) and `schedule`. No filesystem, environment
 // or socket.
 
 import { log as witLog } from 'kairos:plugin/log@0.1.0';
 import { book as witBook, cancel as witCancel } from 'kairos:plugin/schedule@0.1.0';
+import { handle } from 'wasi:http/outgoing-handler@0.2.12';
+import {
+  Fields,
+  IncomingBody,
+  OutgoingBody,
+  OutgoingRequest,
+  httpErrorCode,
+} from 'wasi:http/types@0.2.12';
 
 /** Why a run did not succeed: `retryable` lets the host run the Plan again later (as
  * its action's retry_count allows); a fatal one fails the Plan at once. */
@@ -34,6 +42,20 @@ export class PluginError extends Error {
   }
   static fatal(message) {
     return new PluginError(message, false);
+  }
+}
+
+/** A request that got no response: a PluginError, retryable when it got no answer (a
+ * connect error, a timeout); not when the host refused it (`denied`: the target is not
+ * in the plugin's allowed_hosts or the host's list; the run's error and logs say which)
+ * or it could not be made (a URL that is not absolute http:// or https://, an invalid
+ * header). The Rust, JavaScript and Python SDKs give the same error, with the same
+ * text, in each of these cases. */
+export class HttpError extends PluginError {
+  constructor(message, { denied = false, retryable = !denied } = {}) {
+    super(message, retryable);
+    this.name = 'HttpError';
+    this.denied = denied;
   }
 }
 
@@ -83,41 +105,205 @@ export const schedule = {
 
 // The run under way: its idempotency key and how many requests took one so far.
 let runKey = null;
+// Methods that change nothing: no Idempotency-Key of their own.
 const SAFE = ['GET', 'HEAD', 'OPTIONS', 'TRACE'];
+// Methods that take no body: a request of these without one gets no content-length.
+const NO_BODY = ['GET', 'HEAD', 'DELETE', 'OPTIONS', 'TRACE'];
+// wasi:io lets one write carry 4 KiB.
+const WRITE_CHUNK = 4096;
+const READ_CHUNK = 64n * 1024n;
+const encoder = new TextEncoder();
 
-/** Outbound HTTP through the sandbox: `fetch`, with the body read whole. A request that
+/** `kebab-case` WIT case names as the other SDKs write them: `HTTP-request-denied` is
+ * `HttpRequestDenied`. */
+function caseName(tag) {
+  return tag
+    .split('-')
+    .map((part) => part.charAt(0).toUpperCase() + part.slice(1).toLowerCase())
+    .join('');
+}
+
+/** A wasi:http error code as every SDK writes it: the case's name in UpperCamelCase
+ * (`ConnectionRefused`, `HttpResponseTimeout`), and an internal error's text. */
+function codeText(code) {
+  const name = caseName(code.tag);
+  return code.tag === 'internal-error' && typeof code.val === 'string' ? `${name}: ${code.val}` : name;
+}
+
+function fromCode(url, code) {
+  if (code && code.tag === 'HTTP-request-denied') {
+    // The host adds why to the run's error: which list refused it, and how to allow it.
+    return new HttpError(`${url}: the request was denied by the outbound policy`, { denied: true });
+  }
+  return new HttpError(`${url}: ${code ? codeText(code) : 'no response'}`);
+}
+
+/** What a failed stream operation says: its HTTP error code, else the host's text. */
+function streamError(e) {
+  const error = e.payload.val;
+  const code = httpErrorCode(error);
+  return code ? codeText(code) : error.toDebugString();
+}
+
+function invalid(message) {
+  return new HttpError(message, { retryable: false });
+}
+
+/** The parts of an absolute http:// or https:// URL that wasi:http wants. */
+function splitUrl(url) {
+  const match = /^(https?):\/\/(.*)$/s.exec(url);
+  if (!match) throw invalid(`${url}: only absolute http:// and https:// URLs are supported`);
+  const rest = match[2];
+  const cuts = [rest.indexOf('/'), rest.indexOf('?')].filter((i) => i >= 0);
+  const cut = cuts.length ? Math.min(...cuts) : rest.length;
+  const authority = rest.slice(0, cut);
+  let path = rest.slice(cut);
+  if (!authority) throw invalid(`${url}: no host`);
+  if (!path) path = '/';
+  else if (path.startsWith('?')) path = `/${path}`;
+  return { scheme: match[1], authority, path };
+}
+
+const METHODS = ['GET', 'HEAD', 'POST', 'PUT', 'DELETE', 'CONNECT', 'OPTIONS', 'TRACE', 'PATCH'];
+
+/** Sends a request through wasi:http/outgoing-handler and reads the whole answer. */
+async function sendToHost(method, url, target, headers, data) {
+  const fields = new Fields();
+  for (const [name, value] of headers) {
+    try {
+      fields.append(name.toLowerCase(), encoder.encode(value));
+    } catch (e) {
+      throw invalid(`header \`${name}\`: ${e.payload ? caseName(e.payload.tag) : e}`);
+    }
+  }
+  const request = new OutgoingRequest(fields);
+  const outgoingBody = (() => {
+    try {
+      request.setMethod(
+        METHODS.includes(method) ? { tag: method.toLowerCase() } : { tag: 'other', val: method },
+      );
+      request.setScheme({ tag: target.scheme === 'https' ? 'HTTPS' : 'HTTP' });
+      request.setAuthority(target.authority);
+      request.setPathWithQuery(target.path);
+      return request.body();
+    } catch {
+      throw invalid(`${url}: invalid method, authority or path`);
+    }
+  })();
+  let future;
+  try {
+    future = handle(request, undefined);
+  } catch (e) {
+    throw fromCode(url, e.payload);
+  }
+  // A server may answer before it has read the whole body (and then stop reading): like
+  // other clients, prefer its answer to the write error. A body stream found closed
+  // says only that the request ended (refused, or the connection failed; the host closes
+  // the stream at once, often before the body is written): the request's own error
+  // code says why, so neither it nor the short body's size error at `finish` is kept.
+  let writeError;
+  let closed = false;
+  const stream = outgoingBody.write();
+  for (let i = 0; i < data.length; i += WRITE_CHUNK) {
+    try {
+      stream.blockingWriteAndFlush(data.subarray(i, i + WRITE_CHUNK));
+    } catch (e) {
+      if (e.payload?.tag === 'closed') {
+        closed = true;
+      } else {
+        writeError = new HttpError(`${url}: sending the body: ${streamError(e)}`);
+      }
+      break;
+    }
+  }
+  stream[Symbol.dispose]();
+  try {
+    OutgoingBody.finish(outgoingBody, undefined);
+  } catch (e) {
+    if (!closed) writeError ??= fromCode(url, e.payload);
+  }
+  // The request is on its way: let the run's other requests (Promise.all) be sent too
+  // before this one is waited for.
+  await null;
+  const ready = future.subscribe();
+  ready.block();
+  ready[Symbol.dispose]();
+  const got = future.get();
+  future[Symbol.dispose]();
+  if (got === undefined || got.tag === 'err') throw writeError ?? fromCode(url, undefined);
+  if (got.val.tag === 'err') throw writeError ?? fromCode(url, got.val.val);
+  const incoming = got.val.val;
+  const status = incoming.status();
+  const received = incoming.headers();
+  const pairs = received.entries().map(([k, v]) => [k, new TextDecoder().decode(v)]);
+  received[Symbol.dispose]();
+  const body = incoming.consume();
+  const input = body.stream();
+  const chunks = [];
+  let failed;
+  for (;;) {
+    try {
+      chunks.push(input.blockingRead(READ_CHUNK));
+    } catch (e) {
+      if (e.payload?.tag !== 'closed') {
+        failed = new HttpError(`${url}: reading the response: ${streamError(e)}`);
+      }
+      break;
+    }
+  }
+  input[Symbol.dispose]();
+  IncomingBody.finish(body)[Symbol.dispose]();
+  incoming[Symbol.dispose]();
+  if (failed) throw failed;
+  const bytes = new Uint8Array(chunks.reduce((n, c) => n + c.length, 0));
+  let at = 0;
+  for (const chunk of chunks) {
+    bytes.set(chunk, at);
+    at += chunk.length;
+  }
+  return { status, headers: pairs, body: bytes };
+}
+
+/** Outbound HTTP through the sandbox (wasi:http), the body read whole. A request that
  * may change something (any method but GET, HEAD, OPTIONS and TRACE) carries an
  * `Idempotency-Key` unless given one: the run's `ctx.idempotencyKey` for the first such
  * request of the run, then `{key}:2`, `{key}:3`, … (a retried run making the same
  * requests sends the same keys; two requests of one run never share one). A request
- * that gets no answer throws a retryable PluginError. */
+ * that gets no response throws an HttpError. */
 export const http = {
   async request(method, url, { headers = {}, json, body } = {}) {
-    const init = { method, headers: { ...headers } };
-    const named = (name) => Object.keys(init.headers).some((h) => h.toLowerCase() === name);
-    if (runKey && !SAFE.includes(method.toUpperCase()) && !named('idempotency-key')) {
-      runKey.n += 1;
-      init.headers['idempotency-key'] = runKey.n === 1 ? runKey.key : `${runKey.key}:${runKey.n}`;
-    }
+    method = String(method).toUpperCase();
+    const pairs = (Array.isArray(headers) ? headers : Object.entries(headers)).map(([k, v]) => [
+      String(k),
+      String(v),
+    ]);
+    const named = (name) => pairs.some(([h]) => h.toLowerCase() === name);
+    let data = new Uint8Array(0);
     if (json !== undefined) {
-      init.body = JSON.stringify(json);
-      if (!named('content-type')) {
-        init.headers['content-type'] = 'application/json';
-      }
+      data = encoder.encode(JSON.stringify(json));
+      if (!named('content-type')) pairs.push(['content-type', 'application/json']);
     } else if (body !== undefined) {
-      init.body = body;
+      data = typeof body === 'string' ? encoder.encode(body) : new Uint8Array(body);
     }
-    let response;
-    try {
-      response = await fetch(url, init);
-    } catch (e) {
-      throw PluginError.retryable(`${method} ${url} failed: ${e && e.message ? e.message : e}`);
+    if (!named('content-length') && !(data.length === 0 && NO_BODY.includes(method))) {
+      pairs.push(['content-length', String(data.length)]);
     }
-    const text = await response.text();
+    if (runKey && !SAFE.includes(method) && !named('idempotency-key')) {
+      runKey.n += 1;
+      pairs.push(['idempotency-key', runKey.n === 1 ? runKey.key : `${runKey.key}:${runKey.n}`]);
+    }
+    const target = splitUrl(url);
+    // Natively (a test with testing.mjs) the kit answers.
+    const kit = globalThis.__kairosKit;
+    const answer = kit
+      ? await kit.send({ method, url, headers: pairs, body: data })
+      : await sendToHost(method, url, target, pairs, data);
+    const text = new TextDecoder().decode(answer.body);
     return {
-      status: response.status,
-      ok: response.ok,
-      headers: response.headers,
+      status: answer.status,
+      ok: answer.status >= 200 && answer.status < 300,
+      headers: new Headers(answer.headers),
+      body: answer.body,
       text,
       json: () => JSON.parse(text),
     };

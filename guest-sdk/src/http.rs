@@ -11,7 +11,12 @@
 //! ```
 //!
 //! Every request passes the host's outbound policy and the plugin's `allowed_hosts`; a
-//! refused one fails with an [`HttpError`] whose [`HttpError::is_denied`] is true.
+//! refused one fails with an [`HttpError`] whose [`HttpError::is_denied`] is true. What
+//! becomes of an error that escapes `run` ([`HttpError::is_retryable`]): a request that
+//! got no answer (a connect error, a timeout) is retried; one the host refused, or one
+//! that could not be made (a URL that is not absolute `http://` or `https://`, an
+//! invalid header), fails the Plan at once. The Rust, JavaScript and Python SDKs give
+//! the same error, with the same text, in each of these cases.
 //!
 //! A request that may change something (any method but GET, HEAD, OPTIONS and TRACE)
 //! carries an `Idempotency-Key` unless the plugin set one: the run's
@@ -30,7 +35,9 @@ use crate::bindings::wasi::http::types::Scheme;
 #[cfg(target_family = "wasm")]
 use crate::bindings::wasi::http::{
     outgoing_handler,
-    types::{ErrorCode, Fields, IncomingBody, Method, OutgoingBody, OutgoingRequest},
+    types::{
+        http_error_code, ErrorCode, Fields, IncomingBody, Method, OutgoingBody, OutgoingRequest,
+    },
 };
 #[cfg(target_family = "wasm")]
 use crate::bindings::wasi::io::streams::StreamError;
@@ -73,26 +80,50 @@ const READ_CHUNK: u64 = 64 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HttpError {
     message: String,
-    denied: bool,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// No answer came (connect error, timeout, the connection dropped): may pass.
+    Transport,
+    /// The host's outbound policy or the plugin's `allowed_hosts` refused it.
+    Denied,
+    /// The request could not be made as given (URL, method, header).
+    Invalid,
 }
 
 impl HttpError {
     fn new(message: impl Into<String>) -> Self {
         HttpError {
             message: message.into(),
-            denied: false,
+            kind: Kind::Transport,
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> Self {
+        HttpError {
+            message: message.into(),
+            kind: Kind::Invalid,
         }
     }
 
     #[cfg(target_family = "wasm")]
     fn from_code(url: &str, code: ErrorCode) -> Self {
-        let denied = matches!(code, ErrorCode::HttpRequestDenied);
-        let message = if denied {
-            format!("{url}: the request was denied by the outbound policy (the plugin's allowed_hosts or the host's --allowed-hosts; the run's logs say which)")
-        } else {
-            format!("{url}: {code:?}")
-        };
-        HttpError { message, denied }
+        if matches!(code, ErrorCode::HttpRequestDenied) {
+            return HttpError::denied(url);
+        }
+        HttpError::new(format!("{url}: {}", code_text(&code)))
+    }
+
+    /// The refusal, in the words every SDK uses; the host adds why to the run's error
+    /// (which list refused it, and how to allow it where the run was made).
+    #[cfg(target_family = "wasm")]
+    fn denied(url: &str) -> Self {
+        HttpError {
+            message: format!("{url}: the request was denied by the outbound policy"),
+            kind: Kind::Denied,
+        }
     }
 
     /// A test kit's failed request (`testing::Kit::on_http`).
@@ -103,7 +134,28 @@ impl HttpError {
 
     /// True when the host refused the request (the target is not allowed).
     pub fn is_denied(&self) -> bool {
-        self.denied
+        self.kind == Kind::Denied
+    }
+
+    /// True when trying again later may succeed: the request got no answer. False for
+    /// a request the host refused, or one that could not be made as given.
+    pub fn is_retryable(&self) -> bool {
+        self.kind == Kind::Transport
+    }
+}
+
+/// A wasi:http error code as every SDK writes it: the case's name in UpperCamelCase
+/// (`ConnectionRefused`, `HttpResponseTimeout`), and an internal error's text after it.
+#[cfg(target_family = "wasm")]
+fn code_text(code: &ErrorCode) -> String {
+    match code {
+        ErrorCode::InternalError(Some(detail)) => format!("InternalError: {detail}"),
+        other => {
+            // Debug writes `ErrorCode::Name` or `ErrorCode::Name(payload)`: the name.
+            let debug = format!("{other:?}");
+            let head = debug.split(['(', ' ', '{']).next().unwrap_or_default();
+            head.rsplit("::").next().unwrap_or(head).to_string()
+        }
     }
 }
 
@@ -248,7 +300,7 @@ impl Request {
         for (name, value) in &self.headers_to_send() {
             fields
                 .append(&name.to_ascii_lowercase(), &value.as_bytes().to_vec())
-                .map_err(|e| HttpError::new(format!("header `{name}`: {e:?}")))?;
+                .map_err(|e| HttpError::invalid(format!("header `{name}`: {e:?}")))?;
         }
         let request = OutgoingRequest::new(fields);
         let method = match self.method.as_str() {
@@ -263,7 +315,7 @@ impl Request {
             "PATCH" => Method::Patch,
             other => Method::Other(other.to_string()),
         };
-        let bad = |what: &str| HttpError::new(format!("{}: invalid {what}", self.url));
+        let bad = |what: &str| HttpError::invalid(format!("{}: invalid {what}", self.url));
         request.set_method(&method).map_err(|()| bad("method"))?;
         request
             .set_scheme(Some(&url.scheme))
@@ -279,21 +331,39 @@ impl Request {
             .map_err(|code| HttpError::from_code(&self.url, code))?;
         // A server may answer before it has read the whole body (and then stop
         // reading); like other HTTP clients, take its answer rather than the write error.
+        // A body stream found closed says only that the request ended (refused, or the
+        // connection failed; the host closes the stream at once, often before the body
+        // is written): the request's own error code says why, so neither it nor the
+        // short body's size error at `finish` is kept.
         let mut write_error = None;
+        let mut closed = false;
         {
             let stream = outgoing_body.write().map_err(|()| bad("body stream"))?;
             for chunk in self.body.chunks(WRITE_CHUNK) {
-                if let Err(e) = stream.blocking_write_and_flush(chunk) {
-                    write_error = Some(HttpError::new(format!(
-                        "{}: sending the body: {e:?}",
-                        self.url
-                    )));
-                    break;
+                match stream.blocking_write_and_flush(chunk) {
+                    Ok(()) => {}
+                    Err(StreamError::Closed) => {
+                        closed = true;
+                        break;
+                    }
+                    Err(StreamError::LastOperationFailed(e)) => {
+                        let why = match http_error_code(&e) {
+                            Some(code) => code_text(&code),
+                            None => e.to_debug_string(),
+                        };
+                        write_error = Some(HttpError::new(format!(
+                            "{}: sending the body: {why}",
+                            self.url
+                        )));
+                        break;
+                    }
                 }
             }
         }
         if let Err(code) = OutgoingBody::finish(outgoing_body, None) {
-            write_error.get_or_insert(HttpError::from_code(&self.url, code));
+            if !closed {
+                write_error.get_or_insert(HttpError::from_code(&self.url, code));
+            }
         }
 
         future.subscribe().block();
@@ -314,20 +384,24 @@ impl Request {
             .into_iter()
             .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
             .collect();
-        let body = incoming.consume().map_err(|()| bad("response body"))?;
+        let unreadable = || HttpError::new(format!("{}: the response has no body", self.url));
+        let body = incoming.consume().map_err(|()| unreadable())?;
         let mut bytes = Vec::new();
         {
-            let stream = body.stream().map_err(|()| bad("response stream"))?;
+            let stream = body.stream().map_err(|()| unreadable())?;
             loop {
                 match stream.blocking_read(READ_CHUNK) {
                     Ok(chunk) => bytes.extend_from_slice(&chunk),
                     Err(StreamError::Closed) => break,
                     Err(StreamError::LastOperationFailed(e)) => {
+                        let why = match http_error_code(&e) {
+                            Some(code) => code_text(&code),
+                            None => e.to_debug_string(),
+                        };
                         return Err(HttpError::new(format!(
-                            "{}: reading the response: {}",
-                            self.url,
-                            e.to_debug_string()
-                        )))
+                            "{}: reading the response: {why}",
+                            self.url
+                        )));
                     }
                 }
             }
@@ -366,14 +440,14 @@ impl Url {
         } else if let Some(rest) = url.strip_prefix("http://") {
             (Scheme::Http, rest)
         } else {
-            return Err(HttpError::new(format!(
+            return Err(HttpError::invalid(format!(
                 "{url}: only absolute http:// and https:// URLs are supported"
             )));
         };
         let split = rest.find(['/', '?']).unwrap_or(rest.len());
         let (authority, path) = rest.split_at(split);
         if authority.is_empty() {
-            return Err(HttpError::new(format!("{url}: no host")));
+            return Err(HttpError::invalid(format!("{url}: no host")));
         }
         let path_with_query = match path {
             "" => "/".to_string(),

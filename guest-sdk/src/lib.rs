@@ -143,10 +143,11 @@ impl std::fmt::Display for Error {
 
 impl std::error::Error for Error {}
 
-/// A transport failure is worth retrying, except a request the host refused.
+/// A request that got no answer is worth retrying; one the host refused, or one that
+/// could not be made as given, is not ([`http::HttpError::is_retryable`]).
 impl From<http::HttpError> for Error {
     fn from(e: http::HttpError) -> Self {
-        let retryable = !e.is_denied();
+        let retryable = e.is_retryable();
         Error {
             message: e.to_string(),
             retryable,

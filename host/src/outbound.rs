@@ -28,6 +28,47 @@ use crate::config::AllowedHost;
 pub struct OutboundPolicy {
     allowed: Vec<AllowedHost>,
     gateway: Option<(String, u16)>,
+    knobs: Knobs,
+}
+
+/// Where the lists a refusal names are set, so that it says how to allow the target
+/// where the run was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Knobs {
+    /// `kairos serve`: the host's `--allowed-hosts`, and a plugin's `allowed_hosts`
+    /// given at upload.
+    #[default]
+    Serve,
+    /// `kairos plugins run`: `--allow` stands for both lists.
+    PluginsRun,
+}
+
+impl Knobs {
+    /// Where a plugin's own `allowed_hosts` is given, for a refusal by that list.
+    pub fn plugin_list(self) -> &'static str {
+        match self {
+            Knobs::Serve => {
+                "given at upload: `kairos plugins upload --allowed-hosts host:port`, or PUT /plugins/{name}?allowed_hosts=host:port"
+            }
+            Knobs::PluginsRun => "given to `kairos plugins run` with --allow host:port",
+        }
+    }
+
+    /// Where the host's list is given.
+    fn host_list(self) -> &'static str {
+        match self {
+            Knobs::Serve => "the host's allowlist (--allowed-hosts of kairos serve)",
+            Knobs::PluginsRun => "the allowlist (--allow of kairos plugins run)",
+        }
+    }
+
+    /// How to allow an internal address of `host`.
+    fn allow_internal(self, host: &str) -> String {
+        match self {
+            Knobs::Serve => format!("list {host} in the host's --allowed-hosts to allow it"),
+            Knobs::PluginsRun => format!("name {host} with --allow to allow it"),
+        }
+    }
 }
 
 /// The host and port a URI points at (default ports by scheme).
@@ -108,7 +149,22 @@ impl OutboundPolicy {
         let gateway = gateway_url
             .and_then(|g| g.parse::<Uri>().ok())
             .and_then(|uri| host_port(&uri));
-        OutboundPolicy { allowed, gateway }
+        OutboundPolicy {
+            allowed,
+            gateway,
+            knobs: Knobs::Serve,
+        }
+    }
+
+    /// The same policy, its refusals naming `knobs`' flags.
+    pub fn with_knobs(mut self, knobs: Knobs) -> Self {
+        self.knobs = knobs;
+        self
+    }
+
+    /// Where the lists this policy's refusals name are set.
+    pub fn knobs(&self) -> Knobs {
+        self.knobs
     }
 
     /// Ok when `uri` may be called now; otherwise a sentence for the Plan's history.
@@ -162,7 +218,8 @@ impl OutboundPolicy {
         }
         if !gateway && !listed && !self.allowed.contains(&AllowedHost::AnyPublic) {
             return Err(format!(
-                "outbound policy: {host}:{port} is not on the host's allowlist (--allowed-hosts of kairos serve)"
+                "outbound policy: {host}:{port} is not on {}",
+                self.knobs.host_list()
             ));
         }
         let addrs: Vec<IpAddr> = match host.parse::<IpAddr>() {
@@ -175,7 +232,8 @@ impl OutboundPolicy {
         };
         if let Some(ip) = addrs.iter().find(|ip| is_internal(**ip)) {
             return Err(format!(
-                "outbound policy: {host} resolves to {ip}, a loopback, link-local or private address; list {host} in the host's --allowed-hosts to allow it"
+                "outbound policy: {host} resolves to {ip}, a loopback, link-local or private address; {}",
+                self.knobs.allow_internal(&host)
             ));
         }
         if addrs.is_empty() {
@@ -273,6 +331,43 @@ mod tests {
             .await
             .unwrap_err();
         assert!(denied.contains("not on the host's allowlist"), "{denied}");
+    }
+
+    /// A refusal says how to allow the target where the run was made: `kairos serve`'s
+    /// --allowed-hosts, or `kairos plugins run`'s --allow.
+    #[tokio::test]
+    async fn a_refusal_names_the_flag_of_its_context() {
+        let uri = "http://127.0.0.1:9001/x".parse::<Uri>().unwrap();
+        let listed = vec![entry("127.0.0.1", Some(9000))];
+        let serve = OutboundPolicy::new(listed.clone(), None);
+        let run = OutboundPolicy::new(listed, None).with_knobs(Knobs::PluginsRun);
+        let why = serve.check(&uri).await.unwrap_err();
+        assert!(why.ends_with("(--allowed-hosts of kairos serve)"), "{why}");
+        let why = run.check(&uri).await.unwrap_err();
+        assert!(
+            why.ends_with("(--allow of kairos plugins run)") && !why.contains("allowed-hosts"),
+            "{why}"
+        );
+        // `*` reaches public addresses only; a loopback one is allowed by naming it.
+        let serve = OutboundPolicy::new(vec![AllowedHost::AnyPublic], None);
+        let run = serve.clone().with_knobs(Knobs::PluginsRun);
+        let why = serve.check(&uri).await.unwrap_err();
+        assert!(
+            why.ends_with("list 127.0.0.1 in the host's --allowed-hosts to allow it"),
+            "{why}"
+        );
+        let why = run.check(&uri).await.unwrap_err();
+        assert!(
+            why.ends_with("name 127.0.0.1 with --allow to allow it"),
+            "{why}"
+        );
+        assert_ne!(Knobs::Serve.plugin_list(), Knobs::PluginsRun.plugin_list());
+        assert!(Knobs::PluginsRun
+            .plugin_list()
+            .contains("--allow host:port"));
+        assert!(Knobs::Serve
+            .plugin_list()
+            .contains("?allowed_hosts=host:port"));
     }
 
     #[tokio::test]

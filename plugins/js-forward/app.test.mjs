@@ -35,6 +35,29 @@ test('a 5xx or no answer is retried and a 4xx is not', async () => {
   await assert.rejects(kit.call(app.run, INPUT), (e) => e instanceof Failed && e.retryable);
 });
 
+test('a URL that is not http fails for good and sends nothing', async () => {
+  const kit = new Kit().onHttp(() => response(200));
+  await assert.rejects(
+    kit.call(app.run, { url: 'ftp://files.example/x' }),
+    (e) =>
+      e instanceof Failed &&
+      !e.retryable &&
+      e.message === 'ftp://files.example/x: only absolute http:// and https:// URLs are supported',
+  );
+  assert.equal(kit.requests.length, 0);
+});
+
+test('a request the handler refuses (an HttpError with denied) fails for good', async () => {
+  const { HttpError } = await import('kairos-guest');
+  const kit = new Kit().onHttp((r) => {
+    throw new HttpError(`${r.url}: the request was denied by the outbound policy`, { denied: true });
+  });
+  await assert.rejects(
+    kit.call(app.run, INPUT),
+    (e) => e instanceof Failed && !e.retryable && e.message.endsWith('denied by the outbound policy'),
+  );
+});
+
 test('the input schema requires a url string', () => {
   const schema = inputSchema(app);
   assert.deepEqual(schema.required, ['url']);

@@ -55,13 +55,46 @@ class ForwardTest(unittest.TestCase):
                 kit.call(app.run, INPUT)
         self.assertTrue(failed.exception.retryable)
 
-    def test_an_input_without_its_url_fails_for_good_naming_it(self):
-        with testing.Kit() as kit:
+    def test_a_url_that_is_not_http_fails_for_good_and_sends_nothing(self):
+        with testing.Kit().on_http(lambda r: testing.response(200)) as kit:
             with self.assertRaises(testing.Failed) as failed:
+                kit.call(app.run, {"url": "ftp://files.example/x"})
+        self.assertEqual(
+            failed.exception.message,
+            "ftp://files.example/x: only absolute http:// and https:// URLs are supported",
+        )
+        self.assertFalse(failed.exception.retryable)
+        self.assertEqual(kit.requests, [])
+
+    def test_a_refused_request_fails_for_good(self):
+        def refuse(request):
+            raise HttpError(f"{request.url}: the request was denied by the outbound policy", denied=True)
+
+        with testing.Kit().on_http(refuse) as kit:
+            with self.assertRaises(testing.Failed) as failed:
+                kit.call(app.run, INPUT)
+        self.assertFalse(failed.exception.retryable)
+        self.assertTrue(failed.exception.message.endswith("denied by the outbound policy"))
+
+    def test_an_input_without_its_url_is_refused_as_a_booking_would_be(self):
+        with testing.Kit() as kit:
+            with self.assertRaises(testing.InvalidInput) as failed:
                 kit.call(app.run, {"body": {}})
         self.assertFalse(failed.exception.retryable)
-        self.assertIn("missing field `url`", failed.exception.message)
+        self.assertIn('"url" is a required property', failed.exception.message)
         self.assertEqual(kit.requests, [])
+
+    def test_without_the_schema_check_run_still_names_a_missing_field(self):
+        # A run whose input was booked before its schema was (or a plugin without one):
+        # the dataclass refuses it, naming the field.
+        def bare(ctx, input: app.Input):
+            return app.run(ctx, input)
+
+        with testing.Kit() as kit:
+            with self.assertRaises(testing.Failed) as failed:
+                kit.call(bare, {"body": {}})
+        self.assertNotIsInstance(failed.exception, testing.InvalidInput)
+        self.assertIn("missing field `url`", failed.exception.message)
 
 
 

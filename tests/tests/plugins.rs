@@ -1043,17 +1043,20 @@ async fn a_damaged_compiled_plugin_cache_is_recompiled_not_run() {
         let host = Host::start_in(&redis.url(), &flags(&sink, &[]), &data.0);
         let api = Api::new(&host);
         let meta = upload_plugin(&api, "hostile", "hostile", "timeout=5s").await;
-        // The upload was compiled to be checked; the host kept it, so that its first
-        // firing here compiles nothing.
+        // The upload was compiled to be checked; the host keeps it (prepared, and in its
+        // disk cache, written in the background), so that no firing compiles it again.
         let digest = meta["digest"].as_str().unwrap().to_string();
-        assert!(
-            std::fs::read_dir(&cache).unwrap().any(|e| e
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .starts_with(&digest)),
-            "the upload left no compiled component in the cache"
-        );
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_dir(&cache).unwrap().any(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.starts_with(&digest) && name.ends_with(".cwasm")
+        }) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the upload left no compiled component in the cache"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         fire(api, 31).await;
         meta
     };
@@ -1880,4 +1883,78 @@ async fn a_component_built_for_wit_0_1_still_uploads_and_runs() {
         json!({ "v01": input }),
         "{life:#}"
     );
+}
+
+/// Compiled code is reused by digest (issue 30): the same bytes uploaded under a second
+/// name, or again after the host restarts, are not compiled again (the host says where
+/// the code came from: held prepared, or its disk cache), and each name fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_bytes_under_another_name_or_after_a_restart_are_not_compiled_again() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let dir = TempDir::new("reuse-compiled");
+    let mut host = Host::start_in(&redis.url(), &flags(&sink, &[]), &dir.0);
+    let uploaded = |host: &Host, name: &str| {
+        host.log_text()
+            .lines()
+            .find(|l| l.contains("plugin uploaded") && l.contains(&format!("plugin={name} ")))
+            .map(str::to_string)
+            .unwrap_or_else(|| panic!("no upload of {name} logged: {}", host.log_text()))
+    };
+    let api = Api::new(&host);
+    let first = upload_plugin(&api, "fwd-a", "http-forward", &allow_sink(&sink)).await;
+    assert!(uploaded(&host, "fwd-a").contains("code=\"compiled\""));
+    let second = upload_plugin(&api, "fwd-b", "http-forward", &allow_sink(&sink)).await;
+    assert_eq!(first["digest"], second["digest"]);
+    assert!(
+        uploaded(&host, "fwd-b").contains("code=\"resident\""),
+        "{}",
+        uploaded(&host, "fwd-b")
+    );
+    // Its artifact reaches the disk cache in the background.
+    let digest = first["digest"].as_str().unwrap().to_string();
+    let cached = || {
+        std::fs::read_dir(dir.0.join("plugin-cache"))
+            .map(|entries| {
+                entries.flatten().any(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.starts_with(&digest) && name.ends_with(".cwasm")
+                })
+            })
+            .unwrap_or(false)
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cached() {
+        assert!(std::time::Instant::now() < deadline, "no artifact written");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A restart over the same data directory: loaded from the disk cache.
+    host.kill9();
+    let host = Host::start_in(&redis.url(), &flags(&sink, &[]), &dir.0);
+    let api = Api::new(&host);
+    upload_plugin(&api, "fwd-c", "http-forward", &allow_sink(&sink)).await;
+    let line = uploaded(&host, "fwd-c");
+    assert!(
+        line.contains("code=\"disk_cache\"") || line.contains("code=\"resident\""),
+        "{line}"
+    );
+    assert!(!line.contains("code=\"compiled\""), "{line}");
+
+    // Every name runs.
+    let at = now_ms() + 1_000;
+    let ids = [
+        "7f000000-0000-4000-8000-00000000d001",
+        "7f000000-0000-4000-8000-00000000d002",
+        "7f000000-0000-4000-8000-00000000d003",
+    ];
+    for (id, name) in ids.iter().zip(["fwd-a", "fwd-b", "fwd-c"]) {
+        let input = json!({"url": format!("{}/{name}", sink.base_url())});
+        book(&api, &plugin_point(id, at, name, input)).await;
+    }
+    for id in ids {
+        let life = wait_finished(&api, id).await;
+        assert_eq!(state(&life), "Dead", "{life:#}");
+    }
+    assert_eq!(sink.received().len(), 3);
 }

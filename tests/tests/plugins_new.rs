@@ -38,6 +38,7 @@ async fn a_new_project_builds_tests_and_runs_as_is() {
     let (code, out, err) = kairos_command(&["plugins", "new", "greeter", "--dir", &dir]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(out.contains("greeter"), "{out}");
+    assert_eq!(out.matches("README.md").count(), 1, "{out}");
     let project = parent.0.join("greeter");
 
     // Its own native tests (the SDK's test kit), then the component.
@@ -146,13 +147,23 @@ async fn javascript_and_python_projects_build_and_run_as_is() {
         &dir,
     ]);
     assert_eq!(code, 0, "{out}{err}");
-    assert!(out.contains("npm run build"), "{out}");
+    assert!(
+        out.contains("npm install && npm test && npm run build"),
+        "{out}"
+    );
+    assert_eq!(out.matches("README.md").count(), 1, "{out}");
     let project = parent.0.join("greeter-js");
-    // Its own tests, natively with the SDK's test kit, as its README says (`npm test`).
-    run_tool(&project, "node", &["--test"], &[]);
     let workspace = tool_ready("need_componentize_js");
-    // `npm run build` with the tools scripts/test installed, not a download.
+    // The tools scripts/test installed (those of its package.json), not a download.
     let node_path = workspace.join("target/componentize-js/node_modules");
+    // Its own tests, natively with the SDK's test kit, as its README says (`npm test`).
+    run_tool(
+        &project,
+        "node",
+        &["--test"],
+        &[("NODE_PATH", node_path.display().to_string())],
+    );
+    // `npm run build`.
     run_tool(
         &project,
         "node",
@@ -171,10 +182,23 @@ async fn javascript_and_python_projects_build_and_run_as_is() {
         &dir,
     ]);
     assert_eq!(code, 0, "{out}{err}");
+    // Said once, with the test kit's jsonschema in the venv it makes.
+    assert_eq!(out.matches("README.md").count(), 1, "{out}");
+    assert!(
+        out.contains("jsonschema") && out.contains(".venv/bin/python -m unittest"),
+        "{out}"
+    );
     let project = parent.0.join("greeter-py");
-    // Its own tests, natively with the SDK's test kit, as its README says.
-    run_tool(&project, "python3", &["-m", "unittest", "-q"], &[]);
     let workspace = tool_ready("need_componentize_py");
+    // Its own tests, natively with the SDK's test kit, as its README says, in the venv
+    // scripts/test made as the README makes .venv (componentize-py and jsonschema).
+    let python = workspace.join("target/componentize-py-venv/bin/python");
+    run_tool(
+        &project,
+        &python.display().to_string(),
+        &["-m", "unittest", "-q"],
+        &[],
+    );
     let componentize = workspace.join("target/componentize-py-venv/bin/componentize-py");
     run_tool(
         &project,
@@ -195,4 +219,100 @@ async fn javascript_and_python_projects_build_and_run_as_is() {
         &[],
     );
     runs_and_greets(&project.join("greeter_py.wasm")).await;
+}
+
+/// The code blocks of a Markdown file in `lang` (```lang ... ```), in order.
+fn code_blocks(markdown: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    markdown
+        .split(&fence)
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap().to_string())
+        .collect()
+}
+
+/// The JavaScript and Python SDKs' READMEs start from `kairos plugins new`, and their
+/// plugin (section 2) and its tests (section 3) work when pasted into such a project as
+/// they are: the tests pass, natively with the SDK's test kit (which refuses an input
+/// that does not fit the plugin's schema in the host's words).
+#[test]
+fn the_readmes_plugin_and_tests_work_pasted_into_a_new_project() {
+    let parent = TempDir::new("plugins-new-readme");
+    let dir = parent.0.display().to_string();
+    let workspace = tool_ready("need_componentize_js && need_componentize_py");
+    for (lang, readme, code, files) in [
+        (
+            "js",
+            "guest-sdk/js/README.md",
+            "js",
+            ["app.js", "app.test.mjs"],
+        ),
+        (
+            "python",
+            "guest-sdk/python/README.md",
+            "python",
+            ["app.py", "test_app.py"],
+        ),
+    ] {
+        let readme = std::fs::read_to_string(workspace.join(readme)).unwrap();
+        let first_step = format!("kairos plugins new uptime-check --lang {lang}");
+        let start = readme.find("## 1.").expect("a section 1");
+        assert!(
+            readme[start..]
+                .starts_with(&format!("## 1. Start: `kairos plugins new --lang {lang}`"))
+                && readme[start..].find(&first_step) < readme[start..].find("## 2."),
+            "{lang}: section 1 starts with {first_step}"
+        );
+        assert!(
+            !readme.contains("mkdir"),
+            "{lang}: the README still starts from mkdir"
+        );
+        let blocks = code_blocks(&readme, code);
+        assert!(blocks.len() >= 2, "{lang}: {blocks:?}");
+        let (code, out, err) = kairos_command(&[
+            "plugins",
+            "new",
+            "uptime-check",
+            "--lang",
+            lang,
+            "--dir",
+            &dir,
+        ]);
+        assert_eq!(code, 0, "{out}{err}");
+        let project = parent.0.join("uptime-check");
+        for (file, text) in files.iter().zip(&blocks) {
+            std::fs::write(project.join(file), text).unwrap();
+        }
+        let node_path = workspace.join("target/componentize-js/node_modules");
+        let python = workspace.join("target/componentize-py-venv/bin/python");
+        if lang == "js" {
+            let tests = code_blocks(&readme, "js")[1].matches("test(").count();
+            assert!(tests >= 3, "{tests}");
+            run_tool(
+                &project,
+                "node",
+                &["--test"],
+                &[("NODE_PATH", node_path.display().to_string())],
+            );
+        } else {
+            run_tool(
+                &project,
+                &python.display().to_string(),
+                &["-m", "unittest", "-q"],
+                &[],
+            );
+        }
+        std::fs::remove_dir_all(&project).unwrap();
+    }
+}
+
+/// `kairos plugins new --help` says it writes a project in any of the three languages.
+#[test]
+fn plugins_new_help_names_the_three_languages() {
+    let (code, out, err) = kairos_command(&["plugins", "new", "--help"]);
+    assert_eq!(code, 0, "{err}");
+    for word in ["JavaScript", "Python", "Rust", "tests"] {
+        assert!(out.contains(word), "{word}: {out}");
+    }
+    assert!(!out.contains("a Rust crate with"), "{out}");
 }

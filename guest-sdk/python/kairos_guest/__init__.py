@@ -33,6 +33,7 @@ import enum
 import json
 import types
 import typing
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -218,6 +219,20 @@ def _schema(tp: Any) -> dict:
     return {}
 
 
+# The input schema each exported ``run`` declares, for the test kit to check inputs
+# against as kairos does at booking (kairos_guest.testing).
+_input_schemas: "weakref.WeakKeyDictionary[Callable[..., Any], str]" = weakref.WeakKeyDictionary()
+
+
+def input_schema_of(run: Callable[..., Any]) -> Optional[str]:
+    """The input schema (JSON text) that :func:`export_action` declared for ``run``, if
+    any."""
+    try:
+        return _input_schemas.get(run)
+    except TypeError:  # not weakly referable: never registered
+        return None
+
+
 def export_action(
     run: Callable[[Context, Any], Any], input_schema: dict | str | None = None
 ) -> type:
@@ -238,6 +253,11 @@ def export_action(
         if input_schema is None or isinstance(input_schema, str)
         else json.dumps(input_schema, separators=(",", ":"))
     )
+    if schema_text is not None:
+        try:
+            _input_schemas[run] = schema_text
+        except TypeError:  # not weakly referable: the kit cannot find its schema
+            pass
     try:
         hints = typing.get_type_hints(run)
     except Exception:  # annotations that do not resolve: take plain JSON
@@ -266,7 +286,7 @@ def export_action(
             except Error as e:
                 raise to_wit(e) from None
             except http.HttpError as e:
-                raise to_wit(Error(str(e), not e.denied)) from None
+                raise to_wit(Error(str(e), e.retryable)) from None
             except schedule.BookingError as e:
                 raise to_wit(Error.fatal(f"booking refused: {e.code}: {e.message}")) from None
             except Exception as e:  # a bug in the plugin: say where, fail for good

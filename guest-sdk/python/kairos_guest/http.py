@@ -6,9 +6,12 @@
     if r.ok: item = r.json()
 
 Every request passes the host's outbound policy and the plugin's ``allowed_hosts``; a
-refused one raises :class:`HttpError` with ``denied`` true (not retried when it
-escapes ``run``); a request that got no answer raises one with ``denied`` false
-(retried). An answer of any status is a :class:`Response`, not an error.
+refused one raises :class:`HttpError` with ``denied`` true. One that escapes ``run``
+is retried when ``retryable`` is true: a request that got no answer (a connect error,
+a timeout); not when the host refused it or it could not be made (a URL that is not
+absolute ``http://`` or ``https://``, an invalid header). The Rust, JavaScript and
+Python SDKs give the same error, with the same text, in each of these cases. An answer
+of any status is a :class:`Response`, not an error.
 
 A request that may change something (any method but GET, HEAD, OPTIONS and TRACE)
 carries an ``Idempotency-Key`` unless the plugin set one: the run's
@@ -55,12 +58,19 @@ Headers = Union[Mapping[str, str], Iterable[Tuple[str, str]]]
 
 class HttpError(Exception):
     """A request that got no response. ``denied`` is true when the host refused it (the
-    target is not in the plugin's ``allowed_hosts`` or the host's ``--allowed-hosts``;
-    the run's logs say which)."""
+    target is not in the plugin's ``allowed_hosts`` or the host's list; the run's error
+    and logs say which). ``retryable`` (true unless given, or ``denied``): whether the
+    run is tried again when the error escapes ``run``."""
 
-    def __init__(self, message: str, denied: bool = False) -> None:
+    def __init__(self, message: str, denied: bool = False, retryable: Optional[bool] = None) -> None:
         super().__init__(message)
         self.denied = denied
+        self.retryable = (not denied) if retryable is None else retryable
+
+
+def _invalid(message: str) -> HttpError:
+    """A request that cannot be made as given: trying again would not help."""
+    return HttpError(message, retryable=False)
 
 
 @dataclass
@@ -136,11 +146,11 @@ def _split_url(url: str) -> Tuple[str, str, str]:
             rest = url[len(prefix):]
             break
     else:
-        raise HttpError(f"{url}: only absolute http:// and https:// URLs are supported")
+        raise _invalid(f"{url}: only absolute http:// and https:// URLs are supported")
     cut = min([i for i in (rest.find("/"), rest.find("?")) if i >= 0], default=len(rest))
     authority, path = rest[:cut], rest[cut:]
     if not authority:
-        raise HttpError(f"{url}: no host")
+        raise _invalid(f"{url}: no host")
     if not path:
         path = "/"
     elif path.startswith("?"):
@@ -148,14 +158,26 @@ def _split_url(url: str) -> Tuple[str, str, str]:
     return scheme, authority, path
 
 
+def _code_text(code: Any) -> str:
+    """A wasi:http error code as every SDK writes it: the case's name in UpperCamelCase
+    (``ConnectionRefused``, ``HttpResponseTimeout``), and an internal error's text."""
+    name = type(code).__name__.removeprefix("ErrorCode_")
+    if isinstance(code, t.ErrorCode_InternalError) and code.value is not None:
+        return f"{name}: {code.value}"
+    return name
+
+
 def _error_code(url: str, code: Any) -> HttpError:
     if isinstance(code, t.ErrorCode_HttpRequestDenied):
-        return HttpError(
-            f"{url}: the request was denied by the outbound policy (the plugin's "
-            "allowed_hosts or the host's --allowed-hosts; the run's logs say which)",
-            denied=True,
-        )
-    return HttpError(f"{url}: {type(code).__name__.removeprefix('ErrorCode_')}")
+        # The host adds why to the run's error: which list refused it, and how to allow it.
+        return HttpError(f"{url}: the request was denied by the outbound policy", denied=True)
+    return HttpError(f"{url}: {_code_text(code)}")
+
+
+def _stream_error(err: Any) -> str:
+    """What a failed stream operation says: its HTTP error code, else the host's text."""
+    code = t.http_error_code(err)
+    return _code_text(code) if code is not None else err.to_debug_string()
 
 
 def _send(method: str, url: str, headers: list, data: bytes) -> Response:
@@ -169,7 +191,7 @@ def _send(method: str, url: str, headers: list, data: bytes) -> Response:
         try:
             fields.append(name.lower(), str(value).encode())
         except Err as e:
-            raise HttpError(f"header `{name}`: {type(e.value).__name__}") from None
+            raise _invalid(f"header `{name}`: {type(e.value).__name__}") from None
     methods = {
         "GET": t.Method_Get, "HEAD": t.Method_Head, "POST": t.Method_Post,
         "PUT": t.Method_Put, "DELETE": t.Method_Delete, "CONNECT": t.Method_Connect,
@@ -183,25 +205,34 @@ def _send(method: str, url: str, headers: list, data: bytes) -> Response:
         request.set_path_with_query(path)
         outgoing_body = request.body()
     except Err:
-        raise HttpError(f"{url}: invalid method, authority or path") from None
+        raise _invalid(f"{url}: invalid method, authority or path") from None
     try:
         future = outgoing_handler.handle(request, None)
     except Err as e:
         raise _error_code(url, e.value) from None
     # A server may answer before it has read the whole body (and then stop reading):
-    # like other clients, prefer its answer to the write error.
+    # like other clients, prefer its answer to the write error. A body stream found
+    # closed says only that the request ended (refused, or the connection failed; the
+    # host closes the stream at once, often before the body is written): the request's
+    # own error code says why, so neither it nor the short body's size error at
+    # ``finish`` is kept.
     write_error = None
+    closed = False
     with outgoing_body.write() as stream:
         for i in range(0, len(data), _WRITE_CHUNK):
             try:
                 stream.blocking_write_and_flush(data[i : i + _WRITE_CHUNK])
             except Err as e:
-                write_error = HttpError(f"{url}: sending the body: {type(e.value).__name__}")
+                if isinstance(e.value, streams.StreamError_Closed):
+                    closed = True
+                else:
+                    write_error = HttpError(f"{url}: sending the body: {_stream_error(e.value.value)}")
                 break
     try:
         t.OutgoingBody.finish(outgoing_body, None)
     except Err as e:
-        write_error = write_error or _error_code(url, e.value)
+        if not closed:
+            write_error = write_error or _error_code(url, e.value)
 
     with future:
         with future.subscribe() as ready:
@@ -224,6 +255,8 @@ def _send(method: str, url: str, headers: list, data: bytes) -> Response:
                 except Err as e:
                     if isinstance(e.value, streams.StreamError_Closed):
                         break
-                    raise HttpError(f"{url}: reading the response failed") from None
+                    raise HttpError(
+                        f"{url}: reading the response: {_stream_error(e.value.value)}"
+                    ) from None
         t.IncomingBody.finish(incoming_body).__exit__(None, None, None)
     return Response(status=status, headers=received, body=b"".join(chunks))

@@ -164,9 +164,12 @@ async fn upload_plugin(
             "the body must be the component's bytes (a .wasm file built for wasm32-wasip2)",
         ));
     }
+    // Compiled code is reused by digest (another name, an upload before a restart), and
+    // what is compiled here is kept prepared before the version is registered.
+    let digest = crate::plugins::registry::digest_of(&body);
     let compiled = app
         .plugins
-        .check(body.to_vec(), limits.memory_mb, limits.timeout_ms)
+        .check(&digest, body.to_vec(), limits.memory_mb, limits.timeout_ms)
         .await
         .map_err(|why| ApiError::bad_request("invalid_plugin", why))?;
     let now_ms = app.clock.now_ms();
@@ -183,9 +186,13 @@ async fn upload_plugin(
             now_ms,
         )
         .await?;
-    // Compiled already: kept, so that the first firing here runs at once.
-    app.plugins.keep_compiled(&meta.digest, compiled).await;
-    tracing::info!(plugin = %name, version = meta.version, digest = %meta.digest, "plugin uploaded");
+    tracing::info!(
+        plugin = %name,
+        version = meta.version,
+        digest = %meta.digest,
+        code = compiled.how.as_str(),
+        "plugin uploaded"
+    );
     Ok((StatusCode::CREATED, Json(json!(meta))))
 }
 

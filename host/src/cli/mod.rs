@@ -181,9 +181,15 @@ pub enum PluginsCommand {
         /// Wall-time limit (`10s`, `500ms`).
         #[arg(long, default_value = "10s")]
         timeout: String,
+        /// Time one outbound request may take to answer, as the host's
+        /// --request-timeout (`30s`, `500ms`).
+        #[arg(long, default_value = "30s")]
+        request_timeout: String,
     },
-    /// Write a new plugin project, NAME/, that builds as is: a Rust crate with an
-    /// example action and its tests, the guest SDK and the WIT files it is built against.
+    /// Write a new plugin project, NAME/, that builds and tests as is: in Rust (a
+    /// crate), JavaScript or Python (--lang), with an example action and its tests, the
+    /// guest SDK of its language and the WIT files it is built against. The first step
+    /// of a new plugin.
     New {
         name: String,
         /// The plugin's language: rust, js or python.
@@ -697,17 +703,21 @@ async fn plugins(api: &Api, command: PluginsCommand, output: Output) -> anyhow::
             allow,
             memory_mb,
             timeout,
-        } => run_plugin_file(file, input, allow, memory_mb, timeout, output).await?,
+            request_timeout,
+        } => {
+            let limits = RunLimits {
+                memory_mb,
+                timeout,
+                request_timeout,
+            };
+            run_plugin_file(file, input, allow, limits, output).await?
+        }
         PluginsCommand::New { name, lang, dir } => {
             let project = new_plugin::write_project(&name, std::path::Path::new(&dir), &lang)?;
-            let next = match lang.as_str() {
-                "rust" => "cargo test && cargo build --release --target wasm32-wasip2",
-                "python" => "python3 -m venv .venv && .venv/bin/pip install componentize-py==0.25.1 (then its README.md)",
-                _ => "npm install && npm run build",
-            };
             println!(
-                "wrote {0}/\nnext: cd {0} && {next} (see its README.md)",
-                project.display()
+                "wrote {0}/\nnext: cd {0} && {1} (see its README.md)",
+                project.display(),
+                new_plugin::next_steps(&lang)
             );
         }
         PluginsCommand::Delete { name, force } => {
@@ -722,20 +732,30 @@ async fn plugins(api: &Api, command: PluginsCommand, output: Output) -> anyhow::
     Ok(())
 }
 
+/// The limits `kairos plugins run` is given, as typed.
+struct RunLimits {
+    memory_mb: u32,
+    timeout: String,
+    request_timeout: String,
+}
+
 /// `kairos plugins run`: see `plugins/local.rs`.
 async fn run_plugin_file(
     file: String,
     input: String,
     allow: Vec<String>,
-    memory_mb: u32,
-    timeout: String,
+    limits: RunLimits,
     output: Output,
 ) -> anyhow::Result<()> {
     use crate::plugins::local::{run_once, LocalRun};
     let bytes = std::fs::read(&file).with_context(|| format!("cannot read {file}"))?;
     serde_json::from_str::<Value>(&input).map_err(|e| anyhow!("--input is not JSON: {e}"))?;
-    let timeout = crate::config::parse_duration(&timeout, std::time::Duration::from_secs(1))
+    let second = std::time::Duration::from_secs(1);
+    let timeout = crate::config::parse_duration(&limits.timeout, second)
         .map_err(|e| anyhow!("--timeout: {e}"))?;
+    let request_timeout = crate::config::parse_duration(&limits.request_timeout, second)
+        .map_err(|e| anyhow!("--request-timeout: {e}"))?;
+    let memory_mb = limits.memory_mb;
     if !(1..=1024).contains(&memory_mb) {
         bail!("--memory-mb must be 1 to 1024");
     }
@@ -750,6 +770,7 @@ async fn run_plugin_file(
         allow,
         memory_mb,
         timeout,
+        request_timeout,
     })
     .await
     .map_err(|e| anyhow!("{file}: {e}"))?;

@@ -101,6 +101,10 @@ const SDK_JS: &[File] = &[
         "kairos-guest/native/wit.mjs",
         include_str!("../../../guest-sdk/js/native/wit.mjs"),
     ),
+    (
+        "kairos-guest/native/wasi.mjs",
+        include_str!("../../../guest-sdk/js/native/wasi.mjs"),
+    ),
 ];
 
 /// The Python guest SDK (a package next to the plugin's module).
@@ -151,6 +155,15 @@ const TEMPLATE_PYTHON: &[File] = &[
     ("README.md", include_str!("template/README.py.md.tmpl")),
     (".gitignore", "/.venv\n__pycache__/\n*.wasm\n"),
 ];
+
+/// What to run in a new project of `lang` first: install its tools, run its tests, build.
+pub fn next_steps(lang: &str) -> &'static str {
+    match lang {
+        "rust" => "cargo test && cargo build --release --target wasm32-wasip2",
+        "python" => "python3 -m venv .venv && .venv/bin/pip install componentize-py==0.25.1 jsonschema==4.26.0 && .venv/bin/python -m unittest",
+        _ => "npm install && npm test && npm run build",
+    }
+}
 
 /// Whether `name` can name a plugin and its crate: 1 to 64 of `a-z`, `0-9`, `-`,
 /// starting with a letter (a plugin name in the registry, and a valid package name).

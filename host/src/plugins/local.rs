@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::Config;
 use crate::model::PlanKind;
-use crate::outbound::{OutboundPolicy, PolicyResolver};
+use crate::outbound::{Knobs, OutboundPolicy, PolicyResolver};
 use crate::plugins::{Invocation, InvokeContext, PluginMeta, PluginRuntime, RuntimeSettings};
 
 /// What the run is given.
@@ -24,6 +24,8 @@ pub struct LocalRun {
     pub allow: Vec<String>,
     pub memory_mb: u32,
     pub timeout: Duration,
+    /// How long one outbound request may take (the host's `--request-timeout`).
+    pub request_timeout: Duration,
 }
 
 /// What came of it.
@@ -45,7 +47,7 @@ pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
     let defaults = Config::default();
     let allowed =
         crate::config::parse_allowed_hosts(&run.allow.join(",")).map_err(|e| e.0.to_string())?;
-    let policy = Arc::new(OutboundPolicy::new(allowed, None));
+    let policy = Arc::new(OutboundPolicy::new(allowed, None).with_knobs(Knobs::PluginsRun));
     let tls = crate::actions::webhook::tls_config(None)?;
     let client = |public_only| {
         crate::actions::webhook::pooled_client(
@@ -67,7 +69,7 @@ pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
         client: client(false),
         public_client: client(true),
         response_limit: defaults.response_body_limit,
-        request_timeout: defaults.request_timeout,
+        request_timeout: run.request_timeout,
         keep_resident: crate::plugins::runtime::DEFAULT_KEEP_RESIDENT,
         pagemap_scan: true,
     })

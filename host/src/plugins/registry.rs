@@ -508,6 +508,30 @@ impl Registry {
 mod tests {
     use super::*;
 
+    /// The refusals the guest SDKs' test kits must word as the host does
+    /// (guest-sdk/testdata/input-violations.json, read by their tests too).
+    #[test]
+    fn input_violations_read_as_the_test_kits_expect() {
+        let table: Value = serde_json::from_str(include_str!(
+            "../../../guest-sdk/testdata/input-violations.json"
+        ))
+        .unwrap();
+        let cases = table["cases"].as_array().unwrap();
+        assert!(cases.len() >= 20);
+        for case in cases {
+            let validator = compile_input_schema(&case["schema"].to_string()).unwrap();
+            let got = match check_input(&validator, &case["input"]) {
+                Ok(()) => (Value::Null, Value::Null),
+                Err(v) => (Value::from(v.path), Value::from(v.message)),
+            };
+            assert_eq!(
+                got,
+                (case["path"].clone(), case["message"].clone()),
+                "{case}"
+            );
+        }
+    }
+
     #[test]
     fn names_and_specs() {
         assert!(valid_name("http-forward"));

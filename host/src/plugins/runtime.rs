@@ -2,9 +2,10 @@
 //! plugin digest, a fresh store per invocation.
 //!
 //! - Compilation happens once per digest and host: at upload (to refuse what is not a
-//!   fitting component) and on first use, after which the compiled artifact is kept in
+//!   fitting component) or on first use, after which the compiled artifact is kept in
 //!   `{data_dir}/plugin-cache/` and later loads deserialize it (about 80 µs instead of
-//!   tens of milliseconds).
+//!   tens of milliseconds). An upload of bytes the host holds prepared, or finds in that
+//!   cache (another name, an upload before a restart), compiles nothing.
 //! - The pooling allocator keeps instance slots warm; `workers` slots, since a host runs
 //!   at most that many actions at once.
 //! - A run is bounded by its plugin's `timeout` in wall time: epoch interruption makes a
@@ -526,34 +527,43 @@ impl PluginRuntime {
         self.invoke_pre(pre, meta, ctx, input, true).await
     }
 
-    /// Compiles and links `bytes` the way a firing would, so that an upload that could
-    /// never run is refused at once, and asks the component for its input schema with
-    /// the upload's limits. Returns the error as a sentence, or the compiled component
-    /// for [`keep_compiled`](PluginRuntime::keep_compiled).
+    /// Compiles and links `bytes` (whose digest is `digest`) the way a firing would, so
+    /// that an upload that could never run is refused at once, and asks the component
+    /// for its input schema with the upload's limits. Returns the error as a sentence.
+    ///
+    /// Compiled code is reused by digest: bytes this host holds prepared already, or
+    /// whose artifact is in its disk cache (the same bytes uploaded under another name,
+    /// or again after a restart), are not compiled again. What is compiled here is kept
+    /// prepared under the digest before the upload is registered, so that its first
+    /// firing runs at once and the warm-up that the registration starts waits for it
+    /// rather than compiling it a second time; its artifact goes to the disk cache in the
+    /// background, not delaying the answer.
     pub async fn check(
         &self,
+        digest: &str,
         bytes: Vec<u8>,
         memory_mb: u32,
         timeout_ms: u64,
     ) -> Result<Compiled, String> {
-        let component = self.compile(bytes, None).await?;
-        let pre = self.prelink(&component)?;
-        let input_schema = self.input_schema(&pre, memory_mb, timeout_ms).await?;
-        Ok(Compiled {
-            component,
-            pre,
-            input_schema,
-        })
-    }
-
-    /// Keeps an upload's compiled component under its digest, in memory and in the disk
-    /// cache, so that its first firing on this host does not compile it again.
-    pub async fn keep_compiled(&self, digest: &str, compiled: Compiled) {
-        let path = self.cache_path(digest);
-        let component = compiled.component;
-        let _ = tokio::task::spawn_blocking(move || write_artifact(&path, &component)).await;
         let cell = self.loaded.lock().expect("plugin cache").get(digest);
-        let _ = cell.set(compiled.pre);
+        let mut how = Prepared::Resident;
+        let pre = cell
+            .get_or_try_init(|| async {
+                if let Some(component) = self.read_cached(digest).await {
+                    how = Prepared::FromDiskCache;
+                    return self.prelink(&component);
+                }
+                how = Prepared::Compiled;
+                let component = self.compile(bytes, None).await?;
+                let pre = self.prelink(&component)?;
+                let path = self.cache_path(digest);
+                tokio::task::spawn_blocking(move || write_artifact(&path, &component));
+                Ok::<_, String>(pre)
+            })
+            .await?
+            .clone();
+        let input_schema = self.input_schema(&pre, memory_mb, timeout_ms).await?;
+        Ok(Compiled { input_schema, how })
     }
 
     fn prelink(&self, component: &Component) -> Result<ActionPre<Sandbox>, String> {
@@ -994,10 +1004,32 @@ const MAX_INPUT_SCHEMA_BYTES: usize = 64 * 1024;
 
 /// A component compiled and linked by [`PluginRuntime::check`].
 pub struct Compiled {
-    component: Component,
-    pre: ActionPre<Sandbox>,
     /// The JSON Schema text the component declares for its input, checked.
     pub input_schema: Option<String>,
+    /// Where its compiled code came from.
+    pub how: Prepared,
+}
+
+/// Where an upload's compiled code came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Prepared {
+    /// This host held the same bytes prepared already (another name, or a warm-up).
+    Resident,
+    /// This host's disk cache had them compiled (from before a restart, or another
+    /// process sharing the data directory).
+    FromDiskCache,
+    /// Compiled now.
+    Compiled,
+}
+
+impl Prepared {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Prepared::Resident => "resident",
+            Prepared::FromDiskCache => "disk_cache",
+            Prepared::Compiled => "compiled",
+        }
+    }
 }
 
 /// Writes a component's compiled artifact to the disk cache at `path`, followed by its

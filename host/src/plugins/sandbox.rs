@@ -266,7 +266,8 @@ impl WasiHttpHooks for Outbound {
             let checked = tokio::time::timeout_at(deadline, async {
                 match grant {
                     Grant::Refused => Some(format!(
-                        "outbound policy: {uri} is not in this plugin's allowed_hosts (given at upload: ?allowed_hosts=host:port)"
+                        "outbound policy: {uri} is not in this plugin's allowed_hosts ({})",
+                        policy.knobs().plugin_list()
                     )),
                     Grant::Named => policy.check(&uri).await.err(),
                     Grant::AnyPublic => policy.check_public(&uri).await.err(),

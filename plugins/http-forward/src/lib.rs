@@ -118,4 +118,21 @@ mod tests {
                 .retryable
         );
     }
+
+    #[test]
+    fn a_url_that_is_not_http_fails_for_good_and_sends_nothing() {
+        let kit = Kit::new().on_http(|_| Ok(testing::response(200, "")));
+        let err = testing::call(
+            run,
+            testing::context(),
+            r#"{"url": "ftp://files.example/x"}"#,
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.message,
+            "ftp://files.example/x: only absolute http:// and https:// URLs are supported"
+        );
+        assert!(!err.retryable, "{err:?}");
+        assert!(kit.requests().is_empty());
+    }
 }
