@@ -408,10 +408,7 @@ async fn a_host_whose_shard_lease_ran_out_or_was_taken_starts_and_claims_nothing
             .unwrap(),
         ClaimReply::Lost
     ));
-    assert_eq!(
-        renew(&store, "h1", gen).await,
-        [false]
-    );
+    assert_eq!(renew(&store, "h1", gen).await, [false]);
     // What h1 had claimed is h2's to fire, the cut-off run included.
     let taken = claim(&store, "h2", gen2).await;
     let ids: Vec<&str> = taken.iter().map(|p| p.plan_id.as_str()).collect();
