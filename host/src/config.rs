@@ -405,6 +405,15 @@ const KNOWN_KEYS: &[&str] = &[
     "clock",
 ];
 
+/// The plugin pool's threads unless configured: one fewer than the machine's cores (at
+/// least one), so that plugins that spin never hold every core.
+pub fn default_plugin_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get().saturating_sub(1))
+        .unwrap_or(1)
+        .max(1)
+}
+
 /// Checks a memory size as redis-server reads it: bytes, or a number with `kb`, `mb`,
 /// `gb` (or `k`, `m`, `g`); returns it lower-cased.
 fn parse_memory_size(text: &str) -> Result<String, ConfigError> {
@@ -649,7 +658,7 @@ impl Config {
             plugin_threads: r.number(
                 "plugin_threads",
                 &args.plugin_threads,
-                crate::plugins::runtime::default_plugin_threads(),
+                default_plugin_threads(),
             )?,
             max_claimed: r.number("max_claimed", &args.max_claimed, 100_000usize)?,
             lease_ttl: r.duration("lease_ttl", &args.lease_ttl, MS, Duration::from_secs(4))?,

@@ -81,6 +81,9 @@ pub struct Engine {
     pub(crate) running: AtomicUsize,
     /// Start batches sent and not yet answered (each on a task of its own).
     pub(crate) starting: AtomicUsize,
+    /// Room in memory taken by claims under way (their Plans not yet tracked): claims of
+    /// several shards go at once, and together must stay within `max_claimed`.
+    reserved: AtomicUsize,
     /// Asks the shard keeper to renew the leases now (a claim or start found one
     /// expired).
     pub(crate) renew_now: Notify,
@@ -288,6 +291,7 @@ impl Engine {
             claiming: Mutex::new(BTreeSet::new()),
             running: AtomicUsize::new(0),
             starting: AtomicUsize::new(0),
+            reserved: AtomicUsize::new(0),
             renew_now: Notify::new(),
             last_store_error_ms: std::sync::atomic::AtomicI64::new(i64::MIN),
             last_renewed_ms: std::sync::atomic::AtomicI64::new(wall_ms()),
@@ -641,16 +645,47 @@ impl Engine {
             .clone()
     }
 
+    /// Takes up to `want` of the room left in memory (`max_claimed`, less what is
+    /// tracked and what claims under way have taken), atomically.
+    fn reserve_room(&self, want: usize) -> usize {
+        let mut reserved = self.reserved.load(Ordering::Acquire);
+        loop {
+            let room = self
+                .config
+                .max_claimed
+                .saturating_sub(self.claimed() + reserved)
+                .min(want);
+            if room == 0 {
+                return 0;
+            }
+            match self.reserved.compare_exchange(
+                reserved,
+                reserved + room,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return room,
+                Err(now) => reserved = now,
+            }
+        }
+    }
+
     /// Claims from one shard until it has nothing more due in the window; false when
     /// back-pressure stopped it.
     async fn claim_shard(&self, shard: u32, gen: u64) -> bool {
         loop {
-            let room = self.config.max_claimed.saturating_sub(self.claimed());
-            if room == 0 || self.queue_tx.capacity() == 0 {
+            let limit = self.reserve_room(CLAIM_BATCH);
+            if limit == 0 || self.queue_tx.capacity() == 0 {
+                self.reserved.fetch_sub(limit, Ordering::AcqRel);
                 self.starved.store(true, Ordering::Release);
                 return false;
             }
-            let limit = room.min(CLAIM_BATCH);
+            // Given back once the claimed Plans are tracked (or the claim failed); room it
+            // took and did not fill wakes the shards that found none meanwhile.
+            let reservation = Reservation {
+                engine: self,
+                room: limit,
+            };
             // Queue tasks may take at most half of the room: a queue at its limits must
             // never keep births, deaths and timers out of memory.
             let task_limit = (self.config.max_claimed / 2).saturating_sub(self.tasks_claimed());
@@ -715,6 +750,7 @@ impl Engine {
             for plan in &batch {
                 self.track(plan);
             }
+            drop(reservation);
             drop(gate);
             for plan in batch {
                 let at = plan.fire_at_ms;
@@ -966,6 +1002,23 @@ impl Engine {
                 _ = tokio::time::sleep(Duration::from_millis(500)) => {}
                 _ = until_shutdown(&mut shutdown) => return,
             }
+        }
+    }
+}
+
+/// Room in memory taken by a claim under way, given back when dropped: the claim's
+/// Plans are tracked by then, and any room left wakes the shards that found none while
+/// this claim held it (they wait in `dirty`).
+struct Reservation<'a> {
+    engine: &'a Engine,
+    room: usize,
+}
+
+impl Drop for Reservation<'_> {
+    fn drop(&mut self) {
+        self.engine.reserved.fetch_sub(self.room, Ordering::AcqRel);
+        if self.engine.starved.swap(false, Ordering::AcqRel) {
+            self.engine.claim_wakeup.notify_one();
         }
     }
 }

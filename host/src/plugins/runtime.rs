@@ -146,15 +146,6 @@ pub struct RuntimeSettings {
 /// The measured best `keep_resident` on the 2-core machine (BENCHMARKS.md).
 pub const DEFAULT_KEEP_RESIDENT: usize = 256 << 10;
 
-/// The plugin pool's threads unless configured: one fewer than the machine's cores (at
-/// least one), so that plugins that spin never hold every core.
-pub fn default_plugin_threads() -> usize {
-    std::thread::available_parallelism()
-        .map(|n| n.get().saturating_sub(1))
-        .unwrap_or(1)
-        .max(1)
-}
-
 /// The threads plugin code runs on: a tokio runtime of their own, apart from the one
 /// that claims, starts and finishes runs and calls webhooks, its threads at a lower CPU
 /// priority (nice 10). A guest that spins yields at every epoch tick (10 ms) to the
@@ -178,6 +169,11 @@ impl PluginPool {
             .spawn(move || {
                 let runtime = tokio::runtime::Builder::new_multi_thread()
                     .worker_threads(threads)
+                    // A guest that spins yields at every epoch tick (10 ms), each a
+                    // scheduler tick: by default timers and sockets would be looked at
+                    // only every 61 of them (over half a second), and other plugins'
+                    // responses and deadlines would wait that long.
+                    .event_interval(1)
                     .thread_name("kairos-plugin")
                     .on_thread_start(|| {
                         // On Linux the nice value is a thread's own: this lowers only
