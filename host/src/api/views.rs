@@ -29,6 +29,39 @@ pub(crate) struct Booked {
     debounced: Option<bool>,
 }
 
+/// The body of `POST /schedules/batch` (a bare list of bookings is read too).
+#[derive(ToSchema)]
+#[schema(example = json!({"bookings": [
+    {"birth_time": "2026-12-15 15:05:00", "birth": {"path": "/tasks", "method": "POST", "body": {"id": "a0"}}},
+    {"birth_time": "2026-12-15 15:06:00", "birth": {"path": "/tasks", "method": "POST", "body": {"id": "a1"}}}
+]}))]
+pub(crate) struct BatchRequest {
+    /// 1 to 1,000 bookings, each the body of a `POST /schedules`.
+    #[schema(min_items = 1, max_items = 1000)]
+    bookings: Vec<crate::bookings::request::BookingRequest>,
+}
+
+/// The answer to one booking of a batch.
+#[derive(serde::Serialize, ToSchema)]
+pub(crate) struct BatchItem {
+    /// 200 when booked; else the status `POST /schedules` would have answered.
+    status: u16,
+    /// The booking, when booked.
+    booking: Option<Booked>,
+    /// Why it was refused, when refused.
+    error: Option<crate::error::ErrorDetail>,
+}
+
+/// `POST /schedules/batch`'s answer: one result per booking, in order.
+#[derive(serde::Serialize, ToSchema)]
+pub(crate) struct BatchResult {
+    items: Vec<BatchItem>,
+    /// How many were booked.
+    booked: u64,
+    /// How many were refused.
+    refused: u64,
+}
+
 /// `POST /defer/...`'s answer.
 #[derive(serde::Serialize, ToSchema)]
 #[schema(example = json!({"life_uuid": "0b4c8c8f0e1d4f8a9f4f0a6f1e2d3c4b", "birth_time": "2030-12-15T15:05:00Z", "birth_time_ms": 1923577500000_i64}))]

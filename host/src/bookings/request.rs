@@ -140,6 +140,43 @@ impl utoipa::ToSchema for DurationValue {
     }
 }
 
+/// Any JSON value (an object, a list, a string, a number, a boolean or null): shown as
+/// the empty schema `{}`, which generated clients type as "any", where `type: object`
+/// would make them refuse everything but an object without fields.
+pub struct AnyJson;
+
+impl utoipa::PartialSchema for AnyJson {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, SchemaType};
+        ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .description(Some("Any JSON value."))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for AnyJson {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "AnyJson".into()
+    }
+}
+
+/// The HTTP methods an action or a deferred request may use (read in any case).
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code, clippy::upper_case_acronyms)]
+pub enum HttpMethod {
+    GET,
+    HEAD,
+    POST,
+    PUT,
+    PATCH,
+    DELETE,
+    OPTIONS,
+}
+
+/// The methods of [`HttpMethod`], as the API reads them (upper case).
+pub const HTTP_METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+
 /// A booking's debounce window (Inngest's and Trigger.dev's semantics): while a Life
 /// booked under `key` has not started, a booking under the same key replaces its action
 /// and moves it to now + `period_ms`, but never past its first booking + `max_wait_ms`.
@@ -388,12 +425,15 @@ pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action,
         .method
         .ok_or_else(|| bad("invalid_action", format!("{which}.method is required")))?;
     let method = method.to_ascii_uppercase();
-    Method::from_bytes(method.as_bytes()).map_err(|_| {
-        bad(
+    if Method::from_bytes(method.as_bytes()).is_err() || !HTTP_METHODS.contains(&method.as_str()) {
+        return Err(bad(
             "invalid_action",
-            format!("{which}.method `{method}` is not an HTTP method"),
-        )
-    })?;
+            format!(
+                "{which}.method `{method}` is not one of {}",
+                HTTP_METHODS.join(", ")
+            ),
+        ));
+    }
     match (&raw.path, &raw.url) {
         (Some(_), Some(_)) => {
             return Err(bad(
