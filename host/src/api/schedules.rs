@@ -11,7 +11,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::extractors::{flag, Query};
-use super::views::{BatchRequest, BatchResult, Booked, Cancelled, LifePage, LifeView};
+use super::views::{
+    BatchRequest, BatchResult, Booked, BookingChange, Cancelled, LifePage, LifeView,
+};
 use super::{body_bytes, idempotent, App, Shared};
 use crate::bookings::idempotency::Answer;
 use crate::error::ErrorBody;
@@ -196,7 +198,7 @@ pub(crate) fn parse_query_time(name: &str, text: &str, app: &App) -> Result<i64,
 #[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
     /// Only Lives in this state.
-    #[param(inline, value_type = Option<LifeStateName>)]
+    #[param(value_type = Option<super::views::LifeState>)]
     state: Option<String>,
     /// Only this resource's Lives.
     resource_id: Option<String>,
@@ -209,17 +211,6 @@ pub(crate) struct ListQuery {
     limit: Option<u32>,
     /// The `next_cursor` of the page before.
     cursor: Option<String>,
-}
-
-/// The Life states a list can be filtered by.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub(crate) enum LifeStateName {
-    Inexistent,
-    Alive,
-    Dead,
-    Stillbirth,
-    Invalidated,
 }
 
 /// Lists Lives by birth time, a page at a time.
@@ -290,8 +281,7 @@ pub(crate) async fn show_schedule(
     path = "/schedules/{life_uuid}",
     tag = "schedules",
     params(("life_uuid" = String, Path, description = "The Life's id.")),
-    request_body(content = BookingRequest, description = "The fields to change.",
-        example = json!({"term": {"death_time": "2026-12-15 15:30:00"}})),
+    request_body(content = BookingChange, description = "The fields to change."),
     responses(
         (status = 200, description = "The Life as changed.", body = LifeView),
         (status = 400, description = "As for a booking.", body = ErrorBody),
