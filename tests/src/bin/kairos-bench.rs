@@ -271,8 +271,10 @@ async fn bench_booking_batch() {
     let count = 50_000;
     println!("| way | bookings/s | call latency p50 / p99 (ms) |\n|---|---|---|");
     for clients in [1, 64] {
-        let (secs, lat) =
-            book_many(&host, count, clients, true, move |i| far + 10_000 + i as i64).await;
+        let (secs, lat) = book_many(&host, count, clients, true, move |i| {
+            far + 10_000 + i as i64
+        })
+        .await;
         println!(
             "| `POST /schedules`, one booking per call, {clients} keep-alive client(s), {count} bookings | **{:.0}** | {:.2} / {:.2} |",
             count as f64 / secs,
