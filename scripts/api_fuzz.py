@@ -16,7 +16,7 @@ links). It fails on:
 - a host that logged a panic or died under the fuzzing.
 
 Before it fuzzes, it checks what the fuzzer cannot: that the document is OpenAPI 3.1,
-and that it needs a token of the read scope like every other GET.
+served without a token.
 
 Usage: api_fuzz.py --kairos PATH [--max-time SECONDS] [--seed N]
 """
@@ -129,12 +129,10 @@ def get(url, token=None):
 
 
 def check_document(base, tokens):
+    # Served without a token: generators are pointed at the URL.
     status, body = get(f"{base}/openapi.json")
-    if status != 401:
-        raise SystemExit(f"api_fuzz: GET /openapi.json without a token answered {status}, not 401")
-    status, body = get(f"{base}/openapi.json", tokens["read"])
     if status != 200:
-        raise SystemExit(f"api_fuzz: GET /openapi.json with a read token answered {status}")
+        raise SystemExit(f"api_fuzz: GET /openapi.json without a token answered {status}, not 200")
     doc = json.loads(body)
     if not str(doc.get("openapi", "")).startswith("3.1"):
         raise SystemExit(f"api_fuzz: the document is OpenAPI {doc.get('openapi')}, not 3.1")

@@ -90,8 +90,10 @@ impl ApiError {
     }
 }
 
-/// The body of every refusal and failure (SPEC section 2); `GET /openapi.json` describes
-/// it from this type.
+// The body of every refusal and failure (the spec's error body); the doc comment below
+// is the OpenAPI document's description of it.
+/// The body of every refusal and failure: a snake_case `code` to branch on and a
+/// `message` a person can act on.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 #[schema(example = json!({"error": {"code": "resource_conflict", "message": "resource `conn-42` has another Life within execution_delay_guard_time"}}))]
 pub struct ErrorBody {

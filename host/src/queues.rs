@@ -250,6 +250,17 @@ impl QueueDef {
     }
 }
 
+/// A queue's mode: `push` (the hosts run its tasks' actions) or `pull` (workers lease
+/// its tasks).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = QueueMode)]
+#[allow(dead_code)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum QueueModeName {
+    Push,
+    Pull,
+}
+
 /// The body of `PUT /queues/{name}`: what it leaves out keeps its default.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -262,9 +273,8 @@ pub struct QueueBody {
     /// Tasks running at once across all hosts; 0 for no limit (push queues).
     max_concurrent: Option<u32>,
     retry: Option<RetryBody>,
-    /// `push` (default: the hosts run the tasks' actions) or `pull` (workers lease
-    /// tasks); fixed when the queue is created.
-    #[schema(example = "push")]
+    /// Default `push`; fixed when the queue is created.
+    #[schema(value_type = Option<QueueModeName>, example = "push")]
     mode: Option<String>,
     /// Per-key limits apply to tasks grouped by this: a JSON pointer into a task's
     /// action body (`/customer/id`) or `header:NAME`.
@@ -477,8 +487,8 @@ pub struct TaskBody {
     expire_after: Option<Value>,
     #[schema(value_type = Option<crate::bookings::request::RawAction>)]
     action: Option<Value>,
-    /// Pull queues: any JSON for the worker that leases the task.
-    #[schema(value_type = Option<Object>)]
+    /// Pull queues: any JSON value for the worker that leases the task.
+    #[schema(value_type = crate::bookings::request::AnyJson, required = false)]
     payload: Option<Value>,
     /// Pull queues: workers may lease only tasks of one tag.
     tag: Option<String>,

@@ -95,11 +95,60 @@ pub(crate) fn preview_count(text: Option<&String>) -> Result<usize, ApiError> {
     }
 }
 
-/// The body of `POST /timers` (`name`, `schedule` and `action` required) and of
-/// `PATCH /timers/{name}` (any of the fields).
+/// What becomes of a timer's missed slots: `skip` (none runs), `fire_once` (one run
+/// stands for them all), `fire_all` (each runs, oldest first, within catch_up_limit and
+/// catch_up_window).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Misfire)]
+#[allow(dead_code)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum MisfireName {
+    Skip,
+    FireOnce,
+    FireAll,
+}
+
+/// What becomes of a timer's slot that comes while its run before is still going:
+/// `skip` (logged as skipped), `buffer_one` (the last such slot runs when the run ends),
+/// `cancel_running` (the run is cut off, recorded as cancelled, and the slot runs now).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = Overlap)]
+#[allow(dead_code)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum OverlapName {
+    Skip,
+    BufferOne,
+    CancelRunning,
+}
+
+/// A fixed time of day in an autumn hour that happens twice: run `once` or `twice`.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = DstRepeated)]
+#[allow(dead_code)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum DstRepeatedName {
+    Once,
+    Twice,
+}
+
+/// A fixed time of day in a spring gap: run right `after_gap`, or `skip` it.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[schema(as = DstGap)]
+#[allow(dead_code)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum DstGapName {
+    AfterGap,
+    Skip,
+}
+
+// The body of `POST /timers` and of `PATCH /timers/{name}` (documented there as
+// `api::views::TimerChange`, every field optional). The doc comment below is the OpenAPI
+// document's description of a new timer.
+/// A new timer: `name`, `schedule` and `action` are required. An unknown field is
+/// refused (400 `unknown_field`).
 #[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({
+#[schema(as = TimerCreate, example = json!({
     "name": "nightly-report",
     "schedule": "02:00 10:00 18:00",
     "timezone": "Asia/Tokyo",
@@ -109,15 +158,16 @@ pub(crate) fn preview_count(text: Option<&String>) -> Result<usize, ApiError> {
 }))]
 pub(crate) struct TimerBody {
     /// 1 to 100 characters; cannot change.
+    #[schema(required = true, value_type = String)]
     pub(crate) name: Option<String>,
     /// Times of day (`"02:00 10:00 18:00"`), a cron expression of 5, 6 or 7 fields, or a
     /// macro such as `@hourly`.
-    #[schema(example = "*/5 * * * *")]
+    #[schema(required = true, value_type = String, example = "*/5 * * * *")]
     pub(crate) schedule: Option<String>,
     /// An IANA zone; the host's timezone when absent.
     #[schema(example = "Europe/Paris")]
     pub(crate) timezone: Option<String>,
-    #[schema(value_type = Option<crate::bookings::request::RawAction>)]
+    #[schema(required = true, value_type = crate::bookings::request::RawAction)]
     pub(crate) action: Option<Value>,
     /// 1 (high) to 4 (low).
     #[schema(minimum = 1, maximum = 4)]
@@ -126,14 +176,16 @@ pub(crate) struct TimerBody {
     pub(crate) timeout: Option<Value>,
     pub(crate) retries: Option<u32>,
     pub(crate) active: Option<bool>,
-    /// PATCH: the next run's time (either time format).
+    /// The next run's time (either time format), instead of the schedule's next slot.
     pub(crate) next_run: Option<String>,
-    /// `skip` (default), `fire_once` or `fire_all`.
+    /// Default `skip`.
+    #[schema(value_type = Option<MisfireName>)]
     pub(crate) misfire: Option<String>,
     pub(crate) catch_up_limit: Option<u32>,
     #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     pub(crate) catch_up_window: Option<Value>,
-    /// `skip` (default) or `buffer_one`.
+    /// Default `skip`.
+    #[schema(value_type = Option<OverlapName>)]
     pub(crate) overlap: Option<String>,
     #[schema(value_type = Option<crate::bookings::request::DurationValue>)]
     pub(crate) starting_deadline: Option<Value>,
@@ -143,12 +195,14 @@ pub(crate) struct TimerBody {
     pub(crate) dst: Option<DstBody>,
 }
 
-/// `dst: {"repeated": "once"|"twice", "gap": "after_gap"|"skip"}`; a field left out
-/// keeps its value.
-#[derive(Debug, Clone, Deserialize, utoipa::ToSchema)]
+/// What a fixed time of day does when the clock repeats or skips it; a field left out
+/// keeps its value (at first: `once`, `after_gap`).
+#[derive(Debug, Clone, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct DstBody {
+    #[schema(value_type = Option<DstRepeatedName>)]
     pub(crate) repeated: Option<String>,
+    #[schema(value_type = Option<DstGapName>)]
     pub(crate) gap: Option<String>,
 }
 

@@ -522,20 +522,34 @@ async fn changes_are_audited_with_the_tokens_name() {
     let api = Api::new(&host);
     let booker = api.with_token("b00k-s3cret");
     let reader = api.with_token("r3ad-s3cret");
-    assert_eq!(
-        booker
-            .post("/schedules", &point("audited", "2030-01-01 00:00:00"))
-            .await
-            .0,
-        200
-    );
-    assert_eq!(reader.get("/schedules/audited").await.0, 200);
+    // The caller's request id is kept and answered; without one the host makes one.
+    let (status, headers, _) = booker
+        .call(
+            Method::POST,
+            "/schedules",
+            serde_json::to_vec(&point("audited", "2030-01-01 00:00:00")).unwrap(),
+            &[("x-request-id", "trace-abc-1")],
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["x-request-id"], "trace-abc-1");
+    let (status, headers, _) = reader
+        .call(Method::GET, "/schedules/audited", Vec::new(), &[])
+        .await;
+    assert_eq!(status, 200);
+    let made = headers["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(made.len(), 16, "{made}");
     assert_eq!(
         code(&reader.delete("/schedules/audited").await),
         (403, "forbidden")
     );
     assert_eq!(api.with_token("guess").get("/schedules").await.0, 401);
-    assert_eq!(booker.delete("/schedules/audited").await.0, 200);
+    let (status, headers, _) = booker
+        .call(Method::DELETE, "/schedules/audited", Vec::new(), &[])
+        .await;
+    assert_eq!(status, 200);
+    let delete_id = headers["x-request-id"].to_str().unwrap().to_string();
+    assert_ne!(delete_id, made, "each request has its own id");
 
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
     let audit = loop {
@@ -564,6 +578,11 @@ async fn changes_are_audited_with_the_tokens_name() {
             "who=\"deployer\"",
             "method=POST",
             "path=\"/schedules\"",
+            // The object the call made, the request id, latency and client address.
+            "object=\"life=audited\"",
+            "request_id=\"trace-abc-1\"",
+            "latency_ms=",
+            "client=\"127.0.0.1:",
             "status=200",
         ],
     );
@@ -575,6 +594,8 @@ async fn changes_are_audited_with_the_tokens_name() {
             "who=\"deployer\"",
             "method=DELETE",
             "path=\"/schedules/audited\"",
+            "object=\"life=audited\"",
+            &format!("request_id=\"{delete_id}\""),
             "status=200",
         ],
     );
@@ -881,4 +902,151 @@ async fn query_parameters_that_do_not_parse_are_400() {
     let (status, life) = api.get("/schedules/q1").await;
     assert_eq!((status, life["state"].as_str()), (200, Some("Inexistent")));
     assert_eq!(api.delete("/schedules/q1?force=false").await.0, 200);
+}
+
+/// `POST /schedules/batch`: each booking is checked and stored as `POST /schedules`
+/// would, whole or not at all, and answered on its own, in order; a refused one stores
+/// nothing and stops no other. A malformed batch is one 400.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_books_each_item_on_its_own_in_order() {
+    let redis = RedisServer::start();
+    let host = Host::start(&redis.url(), &flags(&[]));
+    let api = Api::new(&host);
+    let mut bookings = vec![
+        point("b-0", "2030-01-01 00:00:00"),
+        term(
+            "b-1",
+            "conn-1",
+            "2030-01-02 00:00:00",
+            "2030-01-02 01:00:00",
+        ),
+        json!({"life_uuid": "b-2", "birth_time": "2030-01-01 00:00:00", "birth": hook(), "resource_idd": "typo"}),
+        point("b-3", "2001-01-01 00:00:00"),
+        point("b-0", "2030-01-03 00:00:00"),
+        term(
+            "b-5",
+            "conn-1",
+            "2030-01-02 00:10:00",
+            "2030-01-02 00:50:00",
+        ),
+        json!("not a booking"),
+    ];
+    let (status, reply) = api
+        .post("/schedules/batch", &json!({"bookings": bookings}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let items = reply["items"].as_array().unwrap();
+    let got: Vec<(u64, &str)> = items
+        .iter()
+        .map(|i| {
+            (
+                i["status"].as_u64().unwrap(),
+                i["error"]["code"]
+                    .as_str()
+                    .or(i["booking"]["life_uuid"].as_str())
+                    .unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (200, "b-0"),
+            (200, "b-1"),
+            (400, "unknown_field"),
+            (406, "too_soon"),
+            (409, "duplicate_life_uuid"),
+            (409, "resource_conflict"),
+            (400, "invalid_body"),
+        ],
+        "{reply}"
+    );
+    assert_eq!(
+        (reply["booked"].as_u64(), reply["refused"].as_u64()),
+        (Some(2), Some(5))
+    );
+    assert_eq!(items[1]["booking"]["schedule_type"], "term");
+    assert!(items[2]["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("resource_idd"));
+    assert_eq!(api.get("/schedules/b-1").await.0, 200);
+    for refused in ["b-2", "b-3", "b-5"] {
+        assert_eq!(
+            api.get(&format!("/schedules/{refused}")).await.0,
+            404,
+            "{refused}"
+        );
+    }
+    let (_, b0) = api.get("/schedules/b-0").await;
+    assert_eq!(
+        b0["birth_time"], "2030-01-01T00:00:00Z",
+        "the duplicate changed nothing"
+    );
+
+    // The bare list is read too; the same Idempotency-Key and body get the first answer,
+    // booking nothing more; another body under the key is 422.
+    bookings = (0..3)
+        .map(|i| point(&format!("k-{i}"), "2030-02-01 00:00:00"))
+        .collect();
+    let keyed = [("idempotency-key", "batch-key-1")];
+    let body = serde_json::to_vec(&bookings).unwrap();
+    let first = api
+        .call(Method::POST, "/schedules/batch", body.clone(), &keyed)
+        .await;
+    assert_eq!(
+        (first.0, first.2["booked"].as_u64()),
+        (200, Some(3)),
+        "{}",
+        first.2
+    );
+    let again = api
+        .call(Method::POST, "/schedules/batch", body, &keyed)
+        .await;
+    assert_eq!(again.0, 200);
+    assert_eq!(again.1["idempotent-replayed"], "true");
+    assert_eq!(again.2, first.2);
+    let other = serde_json::to_vec(&bookings[..2]).unwrap();
+    assert_eq!(
+        code(
+            &api.raw(Method::POST, "/schedules/batch", other, &keyed)
+                .await
+        ),
+        (422, "idempotency_key_reused")
+    );
+    let (_, page) = api.get("/schedules?limit=1000").await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 5, "{page}");
+
+    // What is not a batch is refused whole.
+    let many: Vec<Value> = (0..1001)
+        .map(|i| point(&format!("m-{i}"), "2030-03-01 00:00:00"))
+        .collect();
+    for (body, expected) in [
+        (json!([]), (400, "invalid_batch")),
+        (json!({"bookings": []}), (400, "invalid_batch")),
+        (json!(many), (400, "invalid_batch")),
+        (
+            json!({"bookings": [point("x", "2030-01-01 00:00:00")], "extra": 1}),
+            (400, "unknown_field"),
+        ),
+        (json!({"items": []}), (400, "unknown_field")),
+        (json!({}), (400, "invalid_batch")),
+        (json!("bookings"), (400, "invalid_batch")),
+    ] {
+        let reply = api.post("/schedules/batch", &body).await;
+        assert_eq!(code(&reply), expected, "{}", reply.1);
+    }
+    assert_eq!(
+        code(
+            &api.raw(Method::POST, "/schedules/batch", b"[{".to_vec(), &[])
+                .await
+        ),
+        (400, "invalid_json")
+    );
+    let (_, page) = api.get("/schedules?limit=1000").await;
+    assert_eq!(
+        page["items"].as_array().unwrap().len(),
+        5,
+        "nothing more was booked"
+    );
 }

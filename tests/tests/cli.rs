@@ -755,3 +755,65 @@ fn plugins_run_compiles_a_file_once_into_a_private_cache() {
         "loaded compiled code from a world-writable directory"
     );
 }
+
+/// `kairos book -` with JSON lines (or a JSON list) books them through
+/// `POST /schedules/batch`, 1,000 per call, printing each line's result in order; any
+/// refused line makes the exit code 1, and the others are booked all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_books_json_lines_in_batches() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[("--api-tokens", "ops:book")]));
+    let line = |i: usize| {
+        format!(
+            r#"{{"life_uuid": "jl-{i}", "birth_time": "2030-05-02 10:00:00", "birth": {{"path": "/x", "method": "POST", "body": {{"n": {i}}}}}}}"#
+        )
+    };
+    // 1,203 lines: two batch calls; line 1,202 is a duplicate of line 1, so refused.
+    let mut lines: Vec<String> = (0..1201).map(line).collect();
+    lines.push(line(0));
+    lines.push(String::new());
+    lines.push(line(1201));
+    let (code, out, err) = kairos(&host, "ops", &["book", "-"], Some(&lines.join("\n")));
+    assert_eq!(code, 1, "a refused line fails the command: {out}\n{err}");
+    let rows: Vec<&str> = out.lines().collect();
+    assert!(
+        rows[0].starts_with("1: booked jl-0 (point, "),
+        "{}",
+        rows[0]
+    );
+    assert!(
+        rows[1201].starts_with("1202: refused 409 duplicate_life_uuid"),
+        "{}",
+        rows[1201]
+    );
+    assert!(
+        rows[1202].starts_with("1203: booked jl-1201 "),
+        "{}",
+        rows[1202]
+    );
+    assert_eq!(rows[1203], "1202 booked, 1 refused");
+    assert!(err.contains("1 of 1203 bookings were refused"), "{err}");
+    let api = Api::new(&host).with_token("ops");
+    let (_, page) = api.get("/schedules?limit=1000").await;
+    assert_eq!(page["items"].as_array().unwrap().len(), 1000);
+    assert_eq!(api.get("/schedules/jl-1201").await.0, 200);
+
+    // A JSON list, printed as JSON.
+    let list = format!("[{}, {}]", line(5000), line(5001));
+    let (code, out, err) = kairos(&host, "ops", &["book", "-", "-o", "json"], Some(&list));
+    assert_eq!(code, 0, "{err}");
+    let answer: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(answer["booked"], 2, "{answer}");
+    assert_eq!(answer["items"][1]["booking"]["life_uuid"], "jl-5001");
+    // A line that is not JSON is named, and nothing is sent.
+    let (code, _, err) = kairos(
+        &host,
+        "ops",
+        &["book", "-"],
+        Some(&format!("{}\n{{oops\n", line(6000))),
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("line 2: not a JSON booking"), "{err}");
+    assert_eq!(api.get("/schedules/jl-6000").await.0, 404);
+}

@@ -126,7 +126,7 @@ async fn a_slow_run_makes_a_logged_skip_not_an_overlap() {
             "{skip}"
         );
         assert!(skip["skipped"].as_i64().unwrap() >= 1);
-        assert!(skip["should_run_at_time"].is_string());
+        assert!(skip["should_run_at"].is_string() && skip["should_run_at_ms"].is_i64());
     }
     let ran = history.iter().find(|r| r["outcome"] == "success").unwrap();
     assert!(ran["duration_ms"].as_i64().unwrap() >= 2_000, "{ran}");
@@ -712,7 +712,7 @@ fn made(history: &[Value]) -> Vec<&Value> {
         .iter()
         .filter(|r| r["outcome"] != "skipped")
         .collect();
-    made.sort_by_key(|r| r["started_at"].as_i64());
+    made.sort_by_key(|r| r["started_at_ms"].as_i64());
     made
 }
 
@@ -743,8 +743,8 @@ async fn fire_all_runs_at_most_catch_up_limit_late_runs_in_order() {
     let history = runs(&api, "all").await;
     let late: Vec<&Value> = made(&history)
         .into_iter()
-        .filter(|r| r["started_at"].as_i64().unwrap() >= restarted_at)
-        .filter(|r| r["should_run_at"].as_i64().unwrap() < restarted_at - 1_000)
+        .filter(|r| r["started_at_ms"].as_i64().unwrap() >= restarted_at)
+        .filter(|r| r["should_run_at_ms"].as_i64().unwrap() < restarted_at - 1_000)
         .collect();
     assert_eq!(
         late.len(),
@@ -753,7 +753,7 @@ async fn fire_all_runs_at_most_catch_up_limit_late_runs_in_order() {
     );
     let slots: Vec<i64> = late
         .iter()
-        .map(|r| r["should_run_at"].as_i64().unwrap())
+        .map(|r| r["should_run_at_ms"].as_i64().unwrap())
         .collect();
     assert!(
         slots.windows(2).all(|w| w[1] - w[0] == 1_000),
@@ -766,12 +766,12 @@ async fn fire_all_runs_at_most_catch_up_limit_late_runs_in_order() {
         })
         .unwrap_or_else(|| panic!("no skip record past the limit: {history:#?}"));
     assert!(over["skipped"].as_i64().unwrap() >= 1, "{over}");
-    assert!(over["should_run_at"].as_i64().unwrap() > *slots.last().unwrap());
+    assert!(over["should_run_at_ms"].as_i64().unwrap() > *slots.last().unwrap());
     // Then it went on with its ordinary slots.
     assert!(
         made(&history)
             .iter()
-            .any(|r| r["should_run_at"].as_i64().unwrap() > restarted_at),
+            .any(|r| r["should_run_at_ms"].as_i64().unwrap() > restarted_at),
         "{history:#?}"
     );
     assert_eq!(sink.max_concurrent(""), 1, "catch-up runs never overlap");
@@ -834,13 +834,13 @@ async fn a_slot_past_its_starting_deadline_is_skipped_unless_fire_once() {
         })
         .unwrap_or_else(|| panic!("no run skipped for its deadline: {history:#?}"));
     assert!(
-        skipped["should_run_at"].as_i64().unwrap() < restarted_at,
+        skipped["should_run_at_ms"].as_i64().unwrap() < restarted_at,
         "{skipped}"
     );
     assert!(
         made(&history)
             .iter()
-            .any(|r| r["should_run_at"].as_i64().unwrap() > restarted_at),
+            .any(|r| r["should_run_at_ms"].as_i64().unwrap() > restarted_at),
         "it goes on with its next slots: {history:#?}"
     );
 }
@@ -868,10 +868,10 @@ async fn buffer_one_runs_the_overlapping_slot_when_the_run_ends() {
     // while it was going.
     let mut buffered = 0;
     for w in made.windows(2) {
-        let ended = w[0]["started_at"].as_i64().unwrap() + w[0]["duration_ms"].as_i64().unwrap();
+        let ended = w[0]["started_at_ms"].as_i64().unwrap() + w[0]["duration_ms"].as_i64().unwrap();
         let (started, slot) = (
-            w[1]["started_at"].as_i64().unwrap(),
-            w[1]["should_run_at"].as_i64().unwrap(),
+            w[1]["started_at_ms"].as_i64().unwrap(),
+            w[1]["should_run_at_ms"].as_i64().unwrap(),
         );
         if started - ended < 400 && slot < started - 200 {
             buffered += 1;
@@ -1069,7 +1069,7 @@ async fn cancel_running_cuts_off_the_run_when_the_next_slot_comes() {
         .iter()
         .filter(|r| r["outcome"] == "cancelled")
         .collect();
-    cancelled.sort_by_key(|r| r["started_at"].as_i64().unwrap());
+    cancelled.sort_by_key(|r| r["started_at_ms"].as_i64().unwrap());
     assert!(cancelled.len() >= 2, "{history:#?}");
     for r in &cancelled {
         let took = r["duration_ms"].as_i64().unwrap();
@@ -1085,11 +1085,11 @@ async fn cancel_running_cuts_off_the_run_when_the_next_slot_comes() {
     }
     // The slot that cut a run off runs next, at once, and never beside it.
     for w in cancelled.windows(2) {
-        let ended = w[0]["started_at"].as_i64().unwrap() + w[0]["duration_ms"].as_i64().unwrap();
-        let started = w[1]["started_at"].as_i64().unwrap();
+        let ended = w[0]["started_at_ms"].as_i64().unwrap() + w[0]["duration_ms"].as_i64().unwrap();
+        let started = w[1]["started_at_ms"].as_i64().unwrap();
         assert!(started >= ended - 5, "two runs at once: {w:#?}");
         assert!(started - ended < 500, "the next slot waited: {w:#?}");
-        let slot = w[1]["should_run_at"].as_i64().unwrap();
+        let slot = w[1]["should_run_at_ms"].as_i64().unwrap();
         assert!(
             (slot - ended).abs() < 300,
             "it ran the slot that came: {w:#?}"

@@ -28,14 +28,115 @@ pub(crate) fn required_scope(method: &Method, path: &str) -> Scope {
     }
 }
 
+/// A request's id: the caller's `X-Request-Id` when it is a sane one (1 to 64 visible
+/// ASCII characters), else a new one; answered as `X-Request-Id` and named by the audit
+/// line, so that a client's report of a call finds the host's line for it.
+#[derive(Clone, Debug)]
+pub(crate) struct RequestId(pub String);
+
+/// The object a change made or touched, beyond what its path names (a new Life's id, a
+/// plugin's digest), for its audit line: put on the response by the handler.
+#[derive(Clone, Debug)]
+pub(crate) struct Audited(pub String);
+
+/// Middleware: gives every request an id (see [`RequestId`]) and answers it.
+pub(crate) async fn request_id(mut request: Request, next: Next) -> Response {
+    let id = request
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| !v.is_empty() && v.len() <= 64 && v.bytes().all(|b| b.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
+    request.extensions_mut().insert(RequestId(id.clone()));
+    let mut response = next.run(request).await;
+    if let Ok(value) = header::HeaderValue::from_str(&id) {
+        response.headers_mut().insert("x-request-id", value);
+    }
+    response
+}
+
+/// What the path of a change names: `life=ID`, `timer=NAME`, `queue=NAME task=NAME`,
+/// `plugin=NAME` (empty for other routes).
+pub(crate) fn object_of_path(path: &str) -> String {
+    let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match parts.as_slice() {
+        ["schedules", "batch"] | ["schedules"] | ["timers"] | ["timers", "validate"] => {
+            String::new()
+        }
+        ["schedules", id, ..] => format!("life={id}"),
+        ["timers", name, ..] => format!("timer={name}"),
+        ["queues", q, "tasks", task, ..] => format!("queue={q} task={task}"),
+        ["queues", q, ..] => format!("queue={q}"),
+        ["plugins", name, ..] => format!("plugin={name}"),
+        _ => String::new(),
+    }
+}
+
+/// What a booking call's answer names: the Life it booked, the timer it made, the tasks
+/// it added, how many Lives a batch booked.
+pub(crate) fn object_of_answer(body: &serde_json::Value) -> Option<String> {
+    use serde_json::Value;
+    let text = |v: &Value| v.as_str().map(str::to_string);
+    if let Some(id) = text(&body["life_uuid"]) {
+        return Some(format!("life={id}"));
+    }
+    if let (Some(booked), Some(refused)) = (body["booked"].as_u64(), body["refused"].as_u64()) {
+        return Some(format!("lives_booked={booked} lives_refused={refused}"));
+    }
+    if let Some(queue) = text(&body["queue"]) {
+        let tasks = match (&body["name"], &body["tasks"]) {
+            (Value::String(name), _) => format!("task={name}"),
+            (_, Value::Array(tasks)) => {
+                let names: Vec<&str> = tasks.iter().filter_map(|t| t["name"].as_str()).collect();
+                format!("tasks={}", names.join(","))
+            }
+            _ => String::new(),
+        };
+        return Some(format!("queue={queue} {tasks}").trim_end().to_string());
+    }
+    if let (Some(name), Some(_)) = (text(&body["name"]), body.get("schedule")) {
+        return Some(format!("timer={name}"));
+    }
+    None
+}
+
 pub(crate) async fn authorize(State(app): State<Shared>, request: Request, next: Next) -> Response {
     let method = request.method().clone();
     let path = request.uri().path().to_string();
     let needed = required_scope(&method, &path);
-    // Every change is audited (who, what, the answer); reads are not.
+    let started = std::time::Instant::now();
+    let request_id = request
+        .extensions()
+        .get::<RequestId>()
+        .map(|r| r.0.clone())
+        .unwrap_or_default();
+    let client = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0.to_string())
+        .unwrap_or_else(|| "-".into());
+    // Every change is audited (who, what, on which object, the answer, how long, from
+    // where, under which request id); reads are not.
     let audit = |who: &str, response: Response| {
         if needed >= Scope::Book || response.status() == StatusCode::UNAUTHORIZED {
-            tracing::info!(target: "kairos::audit", who, %method, path, status = response.status().as_u16(), "audit");
+            let object = match response.extensions().get::<Audited>() {
+                Some(Audited(object)) => object.clone(),
+                None => object_of_path(&path),
+            };
+            let latency_ms = started.elapsed().as_secs_f64() * 1000.0;
+            tracing::info!(
+                target: "kairos::audit",
+                who,
+                %method,
+                path,
+                object,
+                status = response.status().as_u16(),
+                latency_ms = format!("{latency_ms:.1}"),
+                client,
+                request_id,
+                "audit"
+            );
         }
         response
     };

@@ -8,7 +8,9 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use serde::Deserialize;
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
 use super::views::Deferred;
 use super::{body_bytes, idempotent, App, Shared};
@@ -72,6 +74,23 @@ pub(crate) async fn defer_request(
     result
 }
 
+/// Refuses a deferred path whose `/` came encoded (`%2F`): a client that sent the whole
+/// path as one encoded parameter (`orders%2F42%2Fconfirm`, as generated clients do)
+/// meant `orders/42/confirm`, and one that meant an encoded `/` inside a segment cannot
+/// be told apart from it. Either would be replayed to a path other than meant.
+fn check_unencoded(path_and_query: &str) -> Result<(), ApiError> {
+    let path = path_and_query.split('?').next().unwrap_or_default();
+    if path.to_ascii_lowercase().contains("%2f") {
+        return Err(ApiError::bad_request(
+            "encoded_path",
+            format!(
+                "the deferred path `{path}` holds an encoded `/` (%2F): write the path's slashes as they are (/defer/orders/42/confirm), or use POST /defer with the path in its JSON body"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 pub(crate) async fn defer_booking(
     app: &App,
     method: Method,
@@ -109,6 +128,16 @@ pub(crate) async fn defer_booking(
         .strip_prefix("/defer")
         .unwrap_or("/")
         .to_string();
+    check_unencoded(&path)?;
+    if !booking::HTTP_METHODS.contains(&method.as_str()) {
+        return Err(ApiError::bad_request(
+            "invalid_method",
+            format!(
+                "a deferred request's method must be one of {}, not {method}",
+                booking::HTTP_METHODS.join(", ")
+            ),
+        ));
+    }
     let replayed: std::collections::BTreeMap<String, String> = headers
         .iter()
         .filter(|(name, _)| {
@@ -149,14 +178,114 @@ pub(crate) async fn defer_booking(
         app.bookings
             .store_keyed(&life, now_ms, key.as_deref())
             .await?;
-        Ok((
-            StatusCode::ACCEPTED,
-            json!({
-                "life_uuid": life.life_uuid,
-                "birth_time": store::rfc3339(life.birth_at_ms, app.config.timezone),
-                "birth_time_ms": life.birth_at_ms,
-            }),
-        ))
+        Ok((StatusCode::ACCEPTED, deferred_view(app, &life)))
     })
     .await
+}
+
+/// `POST /defer`: a request to replay later, as JSON.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(example = json!({"path": "/orders/42/confirm", "method": "POST", "headers": {"content-type": "application/json"}, "body": {"by": "scheduler"}, "at": "2030-12-15 15:05:00"}))]
+pub(crate) struct DeferBody {
+    /// Where the request goes: a path (with its query string) under the host's
+    /// gateway URL. A leading `/` is added when missing.
+    #[schema(example = "/orders/42/confirm")]
+    path: String,
+    /// The request's method (default `POST`).
+    #[schema(value_type = Option<crate::bookings::request::HttpMethod>)]
+    method: Option<String>,
+    /// Headers sent with it.
+    headers: Option<BTreeMap<String, String>>,
+    /// The request's body: any JSON value, sent as JSON; a string is sent as it is.
+    #[schema(value_type = Option<crate::bookings::request::AnyJson>)]
+    body: Option<Value>,
+    /// When to send it: `YYYY-MM-DD HH:MM:SS` in the host's timezone, or RFC 3339 with
+    /// an offset.
+    #[schema(example = "2030-12-15 15:05:00")]
+    at: String,
+}
+
+/// Books a point Life whose birth sends the request described to `{gateway_url}{path}`
+/// at `at`: what `/defer/{path}` does, with the request given as JSON, for clients
+/// that cannot send a path as part of theirs. Same validation codes as
+/// `POST /schedules`; answers 202.
+#[utoipa::path(
+    post,
+    path = "/defer",
+    tag = "defer",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeats of the call with the same key and body get the first answer.")),
+    request_body(content = DeferBody),
+    responses(
+        (status = 202, description = "Booked: a point Life that sends this request.", body = Deferred),
+        (status = 400, description = "Not JSON of this shape, an unknown field, a path or method that is not one, a time that does not parse, no gateway_url.", body = ErrorBody,
+            example = json!({"error": {"code": "unknown_field", "message": "the body has an unknown field `when` (known fields: path, method, headers, body, at)"}})),
+        (status = 406, description = "A time within execution_guard_time of now.", body = ErrorBody),
+        (status = 409, description = "An Idempotency-Key call is under way.", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used for another request.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn defer_json(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Answer, ApiError> {
+    let result = defer_json_booking(&app, &headers, body).await;
+    app.count_booking(&result);
+    result
+}
+
+async fn defer_json_booking(
+    app: &App,
+    headers: &HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Answer, ApiError> {
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    let value: Value = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request(
+            "invalid_body",
+            "the body must be a JSON object: {\"path\", \"method\", \"headers\", \"body\", \"at\"}",
+        ));
+    }
+    let request: DeferBody = serde_json::from_value(value)
+        .map_err(|e| booking::body_error("the body", "invalid_body", e))?;
+    let path = if request.path.starts_with('/') {
+        request.path.clone()
+    } else {
+        format!("/{}", request.path)
+    };
+    let mut action = json!({
+        "path": path,
+        "method": request.method.as_deref().unwrap_or("POST"),
+    });
+    if let Some(h) = &request.headers {
+        action["headers"] = json!(h);
+    }
+    if let Some(b) = &request.body {
+        action["body"] = b.clone();
+    }
+    let at = request.at.clone();
+    let (app, action, at) = (app, &action, &at);
+    idempotent(app, headers, &[b"POST /defer", &body], |key| async move {
+        let now_ms = app.clock.now_ms();
+        let rules = app.rules(now_ms);
+        let action = booking::parse_action("the request", action, &rules)?;
+        let life = booking::point_life(at, action, &rules, key.as_deref())?;
+        app.bookings
+            .store_keyed(&life, now_ms, key.as_deref())
+            .await?;
+        Ok((StatusCode::ACCEPTED, deferred_view(app, &life)))
+    })
+    .await
+}
+
+fn deferred_view(app: &App, life: &crate::model::NewLife) -> Value {
+    json!({
+        "life_uuid": life.life_uuid,
+        "birth_time": store::rfc3339(life.birth_at_ms, app.config.timezone),
+        "birth_time_ms": life.birth_at_ms,
+    })
 }

@@ -92,9 +92,17 @@ impl App {
 
     /// Counts a booking route's answer for `/metrics` (a replayed answer booked nothing).
     fn count_booking(&self, result: &Result<idempotency::Answer, ApiError>) {
+        match result {
+            Ok(answer) if answer.replayed => {}
+            Ok(_) => self.count_booked(Ok(())),
+            Err(e) => self.count_booked(Err(e)),
+        }
+    }
+
+    /// Counts one booking for `/metrics`: accepted, or refused (a 4xx).
+    fn count_booked(&self, result: Result<(), &ApiError>) {
         let counter = match result {
-            Ok(answer) if answer.replayed => return,
-            Ok(_) => &self.engine.metrics.bookings_accepted,
+            Ok(()) => &self.engine.metrics.bookings_accepted,
             Err(e) if e.status.is_client_error() => &self.engine.metrics.bookings_refused,
             Err(_) => return,
         };
@@ -125,6 +133,7 @@ pub fn router(app: Shared) -> Router {
             schedules::list_schedules,
             schedules::create_schedule
         ))
+        .routes(routes!(schedules::create_schedules_batch))
         .routes(routes!(
             schedules::show_schedule,
             schedules::patch_schedule,
@@ -132,15 +141,18 @@ pub fn router(app: Shared) -> Router {
         ))
         // Every method: documented in `openapi::ApiDoc` (a wildcard path is no OpenAPI
         // path, and `routes!` takes no `any`).
+        .routes(routes!(defer::defer_json))
         .route("/defer/{*path}", any(defer::defer_request))
         .merge(plugins::routes(app.config.max_plugin_bytes))
         .merge(timers::routes())
         .merge(queues::routes())
         .routes(routes!(ops::metrics))
         .routes(routes!(ops::show_clock, ops::move_clock))
-        .routes(routes!(openapi::openapi_json))
         .fallback(ops::not_found)
         .layer(middleware::from_fn_with_state(app.clone(), auth::authorize))
+        // The document reveals nothing the docs do not, and generators are pointed at
+        // its URL: no token.
+        .routes(routes!(openapi::openapi_json))
         // Health and readiness answer without a token (they reveal nothing), for load
         // balancers, supervisors and Kubernetes probes.
         .routes(routes!(ops::healthz))
@@ -150,9 +162,7 @@ pub fn router(app: Shared) -> Router {
         .merge(OpenApiRouter::from(ui::routes()))
         .split_for_parts();
     openapi::finish(&mut doc);
-    let doc = openapi::OpenApiJson(Bytes::from(
-        doc.to_json().expect("the OpenAPI document serializes"),
-    ));
+    let doc = openapi::OpenApiJson(Bytes::from(openapi::served(&doc)));
     routes
         .layer(Extension(doc))
         .layer(DefaultBodyLimit::max(limit))
@@ -168,6 +178,8 @@ pub fn router(app: Shared) -> Router {
             };
             crate::http_server::limit_bodies(route_limit, request, next)
         }))
+        // Every answer carries the request's id, which the audit line names too.
+        .layer(middleware::from_fn(auth::request_id))
         .with_state(app)
 }
 
@@ -204,7 +216,11 @@ where
 
 impl IntoResponse for idempotency::Answer {
     fn into_response(self) -> Response {
+        let object = auth::object_of_answer(&self.body);
         let mut response = (self.status, axum::Json(self.body)).into_response();
+        if let Some(object) = object {
+            response.extensions_mut().insert(auth::Audited(object));
+        }
         if self.replayed {
             response.headers_mut().insert(
                 "idempotent-replayed",

@@ -30,11 +30,11 @@ use crate::error::ErrorBody;
     components(schemas(ErrorBody)),
     security(("bearer" = [])),
     tags(
-        (name = "schedules", description = "Lives: point and term bookings (SPEC section 2)."),
+        (name = "schedules", description = "Lives: point and term bookings."),
         (name = "defer", description = "Any request, replayed later."),
-        (name = "timers", description = "Recurring timers (SPEC section 5)."),
-        (name = "queues", description = "Task queues, push and pull (SPEC section 6)."),
-        (name = "plugins", description = "WebAssembly action plugins (SPEC section 7)."),
+        (name = "timers", description = "Recurring timers."),
+        (name = "queues", description = "Task queues, push and pull."),
+        (name = "plugins", description = "WebAssembly action plugins."),
         (name = "operations", description = "Health, readiness, metrics, this document."),
     )
 )]
@@ -49,10 +49,62 @@ pub(crate) struct OpenApiJson(pub Bytes);
     get,
     path = "/openapi.json",
     tag = "operations",
-    responses((status = 200, description = "The OpenAPI 3.1 document of this API.", body = serde_json::Value))
+    security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document of this API (no token needed; a reference page at `/docs` shows it).", body = serde_json::Value))
 )]
 pub(crate) async fn openapi_json(Extension(doc): Extension<OpenApiJson>) -> Response {
     ([(header::CONTENT_TYPE, "application/json")], doc.0).into_response()
+}
+
+/// The document as served: [`AnyJson`] written in place as the empty schema `{}` (with
+/// its description) wherever it is used, an optional one not wrapped in
+/// `oneOf: [.., null]` (`{}` takes null already, and `oneOf` would then match twice).
+///
+/// [`AnyJson`]: crate::bookings::request::AnyJson
+pub(crate) fn served(doc: &OpenApi) -> Vec<u8> {
+    fn any_json(node: &mut serde_json::Value) {
+        use serde_json::{json, Value};
+        const ANY: &str = "#/components/schemas/AnyJson";
+        let is_any = |v: &Value| v.get("$ref").and_then(Value::as_str) == Some(ANY);
+        match node {
+            Value::Object(map) => {
+                let nullable_any =
+                    map.get("oneOf")
+                        .and_then(Value::as_array)
+                        .is_some_and(|items| {
+                            items.len() == 2
+                                && items.iter().any(is_any)
+                                && items.iter().any(|i| i.get("type") == Some(&json!("null")))
+                        });
+                if nullable_any {
+                    let any = map["oneOf"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .find(|i| is_any(i))
+                        .cloned();
+                    map.remove("oneOf");
+                    if let Some(Value::Object(any)) = any {
+                        map.extend(any);
+                    }
+                }
+                if map.get("$ref").and_then(Value::as_str) == Some(ANY) {
+                    map.remove("$ref");
+                    map.entry("description")
+                        .or_insert_with(|| "Any JSON value.".into());
+                }
+                map.values_mut().for_each(any_json);
+            }
+            Value::Array(items) => items.iter_mut().for_each(any_json),
+            _ => {}
+        }
+    }
+    let mut value = serde_json::to_value(doc).expect("the OpenAPI document serializes");
+    if let Some(schemas) = value["components"]["schemas"].as_object_mut() {
+        schemas.remove("AnyJson");
+    }
+    any_json(&mut value);
+    serde_json::to_vec(&value).expect("the OpenAPI document serializes")
 }
 
 /// Adds what every route shares (see the module's doc) to the document the router made.

@@ -15,6 +15,7 @@ use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path, Query, State};
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::Json;
 use serde_json::{json, Value};
 use utoipa_axum::router::{OpenApiRouter, UtoipaMethodRouterExt};
@@ -136,7 +137,7 @@ async fn upload_plugin(
     Path(name): Path<String>,
     Query(query): Query<HashMap<String, String>>,
     body: Result<Bytes, BytesRejection>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<axum::response::Response, ApiError> {
     check_name(&name)?;
     // A new version keeps the limits of the one before unless the query changes them,
     // so that a re-upload of new code does not silently reset them to the host's
@@ -193,7 +194,15 @@ async fn upload_plugin(
         code = compiled.how.as_str(),
         "plugin uploaded"
     );
-    Ok((StatusCode::CREATED, Json(json!(meta))))
+    let object = format!(
+        "plugin={name} version={} digest={}",
+        meta.version, meta.digest
+    );
+    let mut response = (StatusCode::CREATED, Json(json!(meta))).into_response();
+    response
+        .extensions_mut()
+        .insert(super::auth::Audited(object));
+    Ok(response)
 }
 
 /// Who uses each of `names`: unfinished Lives and timers, read at once, inside Redis

@@ -17,11 +17,10 @@ use utoipa_axum::routes;
 
 use super::extractors::Query;
 use super::views::{
-    Deleted, LeaseChanged, Leased, Purged, QueueList, QueueView, TaskChanged, TaskList, TaskView,
-    TasksAdded,
+    Deleted, LeaseChanged, Leased, NewTasks, Purged, QueueList, QueueView, TaskChanged, TaskList,
+    TaskView, TasksAddedAnswer,
 };
 use crate::error::ErrorBody;
-use crate::queues::TaskBody;
 
 use crate::queues::{
     bad, parse_json, parse_task, QueueBody, QueueDef, QueueMode, TaskWork, DEFAULT_QUEUE,
@@ -321,11 +320,11 @@ pub(crate) async fn purge_queue(
     path = "/queues/{name}/tasks",
     tag = "queues",
     params(("name" = String, Path, description = "The queue's name."), ("Idempotency-Key" = Option<String>, Header, description = "Repeats of the call with the same key and body get the first answer.")),
-    request_body(description = "One task, a list of tasks, or `{\"tasks\": [...]}`.", content(
-        (TaskBody = "application/json", example = json!({"name": "invoice-42", "countdown": 30, "action": {"path": "/invoices/42/send", "method": "POST"}}))
+    request_body(description = "One task, a list of at most 100, or `{\"tasks\": [...]}`.", content(
+        (NewTasks = "application/json", example = json!({"name": "invoice-42", "countdown": 30, "action": {"path": "/invoices/42/send", "method": "POST"}}))
     )),
     responses(
-        (status = 200, description = "Added: the task, or `{tasks: [...]}` for a list.", body = TasksAdded),
+        (status = 200, description = "Added: the task, or `{\"tasks\": [...]}` when the body was a list.", body = TasksAddedAnswer),
         (status = 400, description = "A task that does not parse, an action for a pull queue or a payload for a push queue.", body = ErrorBody),
         (status = 404, description = "No such queue.", body = ErrorBody),
         (status = 409, description = "A task name in use or recently used (`duplicate_task`).", body = ErrorBody),
@@ -493,7 +492,16 @@ pub(crate) fn task_json(
         "action": t.get("action").and_then(|a| serde_json::from_str::<Value>(a).ok()),
         "last_status": num("last_status"),
         "last_error": text("last_error"),
-        "last_run": t.get("last_run").and_then(|a| serde_json::from_str::<Value>(a).ok()),
+        "last_run": t.get("last_run").and_then(|a| serde_json::from_str::<Value>(a).ok()).map(|mut run| {
+            // As in a Life's history: `name` the time as text, `name_ms` in epoch ms.
+            for field in ["should_run_at", "started_at"] {
+                if let Some(ms) = run.get(field).and_then(Value::as_i64) {
+                    run[format!("{field}_ms")] = Value::from(ms);
+                    run[field] = Value::String(store::rfc3339(ms, tz));
+                }
+            }
+            run
+        }),
         // A task dropped by start_run has only the ms (Lua has no time zones).
         "failed_at": t.get("failed_at").cloned().or_else(|| {
             t.get("failed_at_ms")

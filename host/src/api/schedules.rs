@@ -11,7 +11,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::extractors::{flag, Query};
-use super::views::{Booked, Cancelled, LifePage, LifeView};
+use super::views::{
+    BatchRequest, BatchResult, Booked, BookingChange, Cancelled, LifePage, LifeView,
+};
 use super::{body_bytes, idempotent, App, Shared};
 use crate::bookings::idempotency::Answer;
 use crate::error::ErrorBody;
@@ -76,6 +78,111 @@ pub(crate) async fn book_schedule(
     .await
 }
 
+/// The body of `POST /schedules/batch`: `{"bookings": [...]}`, or the list itself.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BatchBody {
+    bookings: Vec<Value>,
+}
+
+/// Books up to 1,000 Lives in one call: each booking is checked and stored as by
+/// `POST /schedules`, whole or not at all, and answered on its own, in order. One
+/// booking refused does not stop the others.
+#[utoipa::path(
+    post,
+    path = "/schedules/batch",
+    tag = "schedules",
+    params(("Idempotency-Key" = Option<String>, Header, description = "Repeats of the call with the same key and body get the first answer (24 h); the Lives a repeat would book are those of the first try.")),
+    request_body(content = BatchRequest, description = "The bookings, each the body of a `POST /schedules`: `{\"bookings\": [...]}` or the list itself."),
+    responses(
+        (status = 200, description = "One result per booking, in order: `status` 200 with the `booking`, or the status and `error` body that `POST /schedules` would have answered.", body = BatchResult),
+        (status = 400, description = "Not a list of bookings, no booking, or more than 1,000 (`invalid_batch`); an unknown field (`unknown_field`).", body = ErrorBody,
+            example = json!({"error": {"code": "invalid_batch", "message": "a batch holds 1 to 1000 bookings; this one has 1200"}})),
+        (status = 409, description = "An Idempotency-Key call is under way.", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used for another request.", body = ErrorBody),
+    )
+)]
+pub(crate) async fn create_schedules_batch(
+    State(app): State<Shared>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Answer, ApiError> {
+    let body = body_bytes(body, app.config.max_body_bytes)?;
+    let items = parse_batch(&body)?;
+    let (app, items) = (&app, &items);
+    idempotent(app, &headers, &[b"POST /schedules/batch", &body], |key| async move {
+        let results = app.bookings.book_batch(items, key.as_deref()).await;
+        let mut answers = Vec::with_capacity(results.len());
+        let (mut booked, mut refused, mut failed) = (0u64, 0u64, false);
+        for result in results {
+            app.count_booked(result.as_ref().map(|_| ()));
+            answers.push(match result {
+                Ok(done) => {
+                    booked += 1;
+                    let mut view = store::booked_view(&done.life, app.config.timezone);
+                    if done.debounced {
+                        view["debounced"] = true.into();
+                    }
+                    json!({"status": 200, "booking": view})
+                }
+                Err(e) => {
+                    refused += 1;
+                    failed |= e.status.is_server_error();
+                    let mut answer = e.body();
+                    answer["status"] = e.status.as_u16().into();
+                    answer
+                }
+            });
+        }
+        if failed && key.is_some() {
+            // Answered 5xx, the key is forgotten: a repeat with it books what this try
+            // could not, and meets (never doubles) what it booked.
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "batch_incomplete",
+                "some bookings of the batch could not be stored (Redis failed); repeat the call with the same Idempotency-Key to finish it",
+            ));
+        }
+        Ok((
+            StatusCode::OK,
+            json!({"items": answers, "booked": booked, "refused": refused}),
+        ))
+    })
+    .await
+}
+
+/// Reads a batch body: a list of bookings or `{"bookings": [...]}`, 1 to 1,000 of them.
+fn parse_batch(body: &[u8]) -> Result<Vec<Value>, ApiError> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| {
+        ApiError::bad_request("invalid_json", format!("the body is not valid JSON: {e}"))
+    })?;
+    let items = match value {
+        Value::Array(items) => items,
+        Value::Object(_) => {
+            serde_json::from_value::<BatchBody>(value)
+                .map_err(|e| booking::body_error("the batch", "invalid_batch", e))?
+                .bookings
+        }
+        _ => {
+            return Err(ApiError::bad_request(
+                "invalid_batch",
+                "the body must be a list of bookings or {\"bookings\": [...]}",
+            ))
+        }
+    };
+    let max = crate::bookings::MAX_BATCH;
+    if items.is_empty() || items.len() > max {
+        return Err(ApiError::bad_request(
+            "invalid_batch",
+            format!(
+                "a batch holds 1 to {max} bookings; this one has {}",
+                items.len()
+            ),
+        ));
+    }
+    Ok(items)
+}
+
 pub(crate) fn parse_query_time(name: &str, text: &str, app: &App) -> Result<i64, ApiError> {
     if let Ok(ms) = text.parse::<i64>() {
         return Ok(ms);
@@ -91,7 +198,7 @@ pub(crate) fn parse_query_time(name: &str, text: &str, app: &App) -> Result<i64,
 #[into_params(parameter_in = Query)]
 pub(crate) struct ListQuery {
     /// Only Lives in this state.
-    #[param(inline, value_type = Option<LifeStateName>)]
+    #[param(value_type = Option<super::views::LifeState>)]
     state: Option<String>,
     /// Only this resource's Lives.
     resource_id: Option<String>,
@@ -104,17 +211,6 @@ pub(crate) struct ListQuery {
     limit: Option<u32>,
     /// The `next_cursor` of the page before.
     cursor: Option<String>,
-}
-
-/// The Life states a list can be filtered by.
-#[derive(utoipa::ToSchema)]
-#[allow(dead_code)]
-pub(crate) enum LifeStateName {
-    Inexistent,
-    Alive,
-    Dead,
-    Stillbirth,
-    Invalidated,
 }
 
 /// Lists Lives by birth time, a page at a time.
@@ -185,8 +281,7 @@ pub(crate) async fn show_schedule(
     path = "/schedules/{life_uuid}",
     tag = "schedules",
     params(("life_uuid" = String, Path, description = "The Life's id.")),
-    request_body(content = BookingRequest, description = "The fields to change.",
-        example = json!({"term": {"death_time": "2026-12-15 15:30:00"}})),
+    request_body(content = BookingChange, description = "The fields to change."),
     responses(
         (status = 200, description = "The Life as changed.", body = LifeView),
         (status = 400, description = "As for a booking.", body = ErrorBody),

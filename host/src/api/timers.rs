@@ -128,7 +128,7 @@ pub(crate) fn not_found(name: &str) -> ApiError {
     path = "/timers",
     tag = "timers",
     params(("Idempotency-Key" = Option<String>, Header, description = "Repeats of the call with the same key and body get the first answer.")),
-    request_body(content = TimerBody, description = "`name`, `schedule` and `action` are required."),
+    request_body(content = TimerBody, description = "The timer."),
     responses(
         (status = 200, description = "Created.", body = TimerView),
         (status = 400, description = "A missing field, a schedule, zone or action that does not parse.", body = ErrorBody),
@@ -319,7 +319,7 @@ pub(crate) async fn update(
     path = "/timers/{name}",
     tag = "timers",
     params(("name" = String, Path, description = "The timer's name.")),
-    request_body(content = TimerBody, description = "The fields to change.", example = json!({"schedule": "0 3 * * *", "active": true})),
+    request_body(content = super::views::TimerChange, description = "The fields to change."),
     responses(
         (status = 200, description = "The timer as changed.", body = TimerView),
         (status = 400, description = "A field that does not parse, or another name.", body = ErrorBody),
@@ -571,12 +571,11 @@ pub(crate) async fn timer_runs(
         .await?
         .into_iter()
         .map(|mut r| {
-            for (ms_field, text_field) in [
-                ("should_run_at", "should_run_at_time"),
-                ("started_at", "started_at_time"),
-            ] {
-                if let Some(ms) = r.get(ms_field).and_then(Value::as_i64) {
-                    r[text_field] = Value::String(store::rfc3339(ms, tz));
+            // As in a Life's history: `name` the time as text, `name_ms` in epoch ms.
+            for field in ["should_run_at", "started_at", "last_should_run_at"] {
+                if let Some(ms) = r.get(field).and_then(Value::as_i64) {
+                    r[format!("{field}_ms")] = Value::from(ms);
+                    r[field] = Value::String(store::rfc3339(ms, tz));
                 }
             }
             r

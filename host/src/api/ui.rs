@@ -1,5 +1,6 @@
 //! The web dashboard at `/ui/` (SPEC section 9): a page and its scripts, compiled into the
-//! binary, that run in the browser and call the REST API with the operator's token.
+//! binary, that run in the browser and call the REST API with the operator's token; and
+//! the API reference at `/docs`, a page that shows `/openapi.json`.
 //!
 //! These routes are not part of the REST API: they are not in `/openapi.json`, and they
 //! answer without a token, since the page and its scripts hold no data (every figure on
@@ -42,6 +43,21 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("ui/pages.js"),
     ),
     (
+        "docs.html",
+        "text/html; charset=utf-8",
+        include_str!("ui/docs.html"),
+    ),
+    (
+        "docs.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/docs.js"),
+    ),
+    (
+        "docs.css",
+        "text/css; charset=utf-8",
+        include_str!("ui/docs.css"),
+    ),
+    (
         "favicon.svg",
         "image/svg+xml",
         include_str!("ui/favicon.svg"),
@@ -57,6 +73,9 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
 pub(crate) fn routes<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/ui", get(|| async { Redirect::permanent("ui/") }))
+        // The API reference: the document's routes and schemas, read from
+        // /openapi.json in the browser.
+        .route("/docs", get(|| async { asset("docs.html") }))
         .route("/ui/", get(|| async { asset("") }))
         .route(
             "/ui/{file}",

@@ -14,6 +14,7 @@ use crate::outbound::OutboundPolicy;
 use crate::plugins::Registry;
 use crate::store::{CancelOutcome, IdemBooked, Store};
 use request::{self as booking, BookingRequest, KnownPlugins, Rules};
+use serde_json::Value;
 
 /// What a booking call stored.
 #[derive(Debug)]
@@ -24,6 +25,12 @@ pub struct Booked {
     /// Whether this booking was merged into a pending Life of its debounce key.
     pub debounced: bool,
 }
+
+/// Most bookings one `POST /schedules/batch` takes.
+pub const MAX_BATCH: usize = 1000;
+/// Items of one batch booked at once: enough to keep Redis's pipeline full, few enough
+/// that one batch does not crowd out other callers.
+pub const BATCH_CONCURRENCY: usize = 64;
 
 pub struct Bookings {
     pub config: Config,
@@ -179,6 +186,39 @@ impl Bookings {
             IdemBooked::Found(found) => idempotency::found_answer(found).map(Some),
             IdemBooked::TwoSteps => Ok(None),
         }
+    }
+
+    /// Books each item of a `POST /schedules/batch` as `POST /schedules` would, each
+    /// whole or refused on its own, answers in the items' order. Up to
+    /// [`BATCH_CONCURRENCY`] items are booked at once. Under an `Idempotency-Key`, item
+    /// `i` is booked under the key `{key}#{i}`, so the ids a repeat of the batch derives
+    /// are the first try's, and an item that try stored is found, not booked twice.
+    pub async fn book_batch(
+        &self,
+        items: &[Value],
+        key: Option<&str>,
+    ) -> Vec<Result<Booked, ApiError>> {
+        use futures_util::stream::{self, StreamExt};
+        let calls: Vec<_> = items
+            .iter()
+            .enumerate()
+            .map(|(i, item)| self.book_batch_item(item, key.map(|k| format!("{k}#{i}"))))
+            .collect();
+        stream::iter(calls)
+            .buffered(BATCH_CONCURRENCY)
+            .collect()
+            .await
+    }
+
+    async fn book_batch_item(&self, item: &Value, key: Option<String>) -> Result<Booked, ApiError> {
+        if !item.is_object() {
+            return Err(ApiError::bad_request(
+                "invalid_body",
+                "a booking of the batch must be a JSON object",
+            ));
+        }
+        let body = serde_json::to_vec(item).expect("a JSON value serializes");
+        self.book_json_keyed(&body, key.as_deref()).await
     }
 
     /// Stores a validated booking; with an idempotency key, an identical Life already

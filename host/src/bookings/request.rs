@@ -36,7 +36,7 @@ pub struct Rules<'a> {
 }
 
 /// `term` of a booking: its two times (or give them flat, not both).
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[derive(Debug, Default, Deserialize, serde::Serialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TermTimes {
     /// `YYYY-MM-DD HH:MM:SS` in the host's timezone, or RFC 3339 with an offset.
@@ -46,13 +46,18 @@ pub struct TermTimes {
     death_time: Option<String>,
 }
 
-/// The body of `POST /schedules` and `PATCH /schedules/{id}`, in both spellings (times in
-/// `term` or flat, actions as `birth`/`death` or `birth_action`/`death_action`; giving
-/// one field in both spellings is refused). An unknown field is refused: a typo such as
-/// `resource_idd` must never book a Life without its conflict guard.
+// The body of `POST /schedules` and `PATCH /schedules/{id}` (documented as
+// `api::views::BookingChange` there). The doc comment below is the OpenAPI document's
+// description of a new booking.
+/// A booking, in either spelling: times in `term` or flat (`birth_time`, `death_time`),
+/// actions as `birth`/`death` or `birth_action`/`death_action` (one field in both
+/// spellings is refused). A birth action is required, and a birth time unless the
+/// booking is debounced; a death time and action make a term. An unknown field is
+/// refused (400 `unknown_field`): a typo such as `resource_idd` must never book a Life
+/// without its conflict guard.
 #[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-#[schema(example = json!({
+#[schema(as = BookingCreate, example = json!({
     "life_uuid": "6f69aeb63e9b11eb93a8acde48001122",
     "schedule_type": "term",
     "resource_id": "conn-42",
@@ -66,7 +71,7 @@ pub struct BookingRequest {
     life_uuid: Option<String>,
     /// `point` (one action) or `term` (a birth and a death); `term` when a death time is
     /// given, else `point`.
-    #[schema(example = "term")]
+    #[schema(value_type = Option<ScheduleTypeName>, example = "term")]
     schedule_type: Option<String>,
     /// Lives of one resource never overlap (409) and never run at once.
     #[schema(example = "conn-42")]
@@ -140,6 +145,53 @@ impl utoipa::ToSchema for DurationValue {
     }
 }
 
+/// Any JSON value (an object, a list, a string, a number, a boolean or null): shown as
+/// the empty schema `{}`, which generated clients type as "any", where `type: object`
+/// would make them refuse everything but an object without fields.
+pub struct AnyJson;
+
+impl utoipa::PartialSchema for AnyJson {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ObjectBuilder, SchemaType};
+        ObjectBuilder::new()
+            .schema_type(SchemaType::AnyValue)
+            .description(Some("Any JSON value."))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for AnyJson {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "AnyJson".into()
+    }
+}
+
+/// `point` (one action) or `term` (a birth and a death).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+#[schema(as = ScheduleType)]
+#[allow(dead_code)]
+pub enum ScheduleTypeName {
+    Point,
+    Term,
+}
+
+/// The HTTP methods an action or a deferred request may use (read in any case).
+#[derive(serde::Serialize, utoipa::ToSchema)]
+#[allow(dead_code, clippy::upper_case_acronyms)]
+pub enum HttpMethod {
+    GET,
+    HEAD,
+    POST,
+    PUT,
+    PATCH,
+    DELETE,
+    OPTIONS,
+}
+
+/// The methods of [`HttpMethod`], as the API reads them (upper case).
+pub const HTTP_METHODS: &[&str] = &["GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"];
+
 /// A booking's debounce window (Inngest's and Trigger.dev's semantics): while a Life
 /// booked under `key` has not started, a booking under the same key replaces its action
 /// and moves it to now + `period_ms`, but never past its first booking + `max_wait_ms`.
@@ -155,12 +207,13 @@ const MAX_DEBOUNCE_MS: u64 = 30 * 86_400_000;
 /// max_wait when none is given: an hour, or the period when that is longer.
 const DEFAULT_MAX_WAIT_MS: i64 = 3_600_000;
 
-/// Action fields as written by a client; `deny_unknown_fields` turns a typo such as
-/// `retry_cont` into a 400 instead of a silently ignored setting.
-///
-/// A webhook: `path` (under the gateway) or `url`, `method`, and optionally `headers`,
-/// `body`, timeouts and retries. A plugin: `plugin` (`name` or `name@version`), `input`,
-/// `timeout` and retries. Either may carry `on_success` / `on_failure` callbacks.
+// Action fields as written by a client; `deny_unknown_fields` turns a typo such as
+// `retry_cont` into a 400 instead of a silently ignored setting. The doc comment below
+// is the OpenAPI document's description.
+/// An action. A webhook: `path` (under the host's gateway URL) or `url`, `method`, and
+/// optionally `headers`, `body`, timeouts and retries. A plugin: `plugin` (`name` or
+/// `name@version`), `input`, `timeout` and retries. Either may carry `on_success` /
+/// `on_failure` callbacks. An unknown field is refused (400 `unknown_field`).
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 #[schema(as = Action, example = json!({"path": "/tasks", "method": "POST", "body": {"id": "a0", "method": "activate"}}))]
@@ -170,12 +223,12 @@ pub struct RawAction {
     path: Option<String>,
     /// Webhook: an absolute http(s) URL that the outbound policy allows.
     url: Option<String>,
-    /// Webhook: the HTTP method (required for a webhook).
-    #[schema(example = "POST")]
+    /// Webhook: the HTTP method (required for a webhook; read in any case).
+    #[schema(value_type = Option<HttpMethod>, example = "POST")]
     method: Option<String>,
     headers: Option<BTreeMap<String, String>>,
     /// Webhook: the body, any JSON value (a string is sent as it is).
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = AnyJson, required = false)]
     body: Option<Value>,
     #[schema(value_type = Option<DurationValue>)]
     connect_timeout: Option<Value>,
@@ -188,17 +241,19 @@ pub struct RawAction {
     retry_interval: Option<Value>,
     /// Plugin: `name` or `name@version` of a registered plugin.
     plugin: Option<String>,
-    /// Plugin: its input, any JSON.
-    #[schema(value_type = Option<Object>)]
+    /// Plugin: its input, any JSON value.
+    #[schema(value_type = AnyJson, required = false)]
     input: Option<Value>,
     /// Plugin: its wall-time limit.
     #[schema(value_type = Option<DurationValue>)]
     timeout: Option<Value>,
-    /// An action run once when this one finishes for good after a success.
-    #[schema(value_type = Option<Object>)]
+    /// An action run once when this one finishes for good after a success, with the
+    /// outcome as its body or input (so it takes neither, nor callbacks of its own).
+    #[schema(value_type = Option<RawAction>, no_recursion)]
     on_success: Option<Value>,
-    /// An action run once when this one fails for good.
-    #[schema(value_type = Option<Object>)]
+    /// An action run once when this one fails for good, with the outcome as its body or
+    /// input.
+    #[schema(value_type = Option<RawAction>, no_recursion)]
     on_failure: Option<Value>,
 }
 
@@ -388,12 +443,15 @@ pub fn parse_action(which: &str, value: &Value, rules: &Rules) -> Result<Action,
         .method
         .ok_or_else(|| bad("invalid_action", format!("{which}.method is required")))?;
     let method = method.to_ascii_uppercase();
-    Method::from_bytes(method.as_bytes()).map_err(|_| {
-        bad(
+    if Method::from_bytes(method.as_bytes()).is_err() || !HTTP_METHODS.contains(&method.as_str()) {
+        return Err(bad(
             "invalid_action",
-            format!("{which}.method `{method}` is not an HTTP method"),
-        )
-    })?;
+            format!(
+                "{which}.method `{method}` is not one of {}",
+                HTTP_METHODS.join(", ")
+            ),
+        ));
+    }
     match (&raw.path, &raw.url) {
         (Some(_), Some(_)) => {
             return Err(bad(

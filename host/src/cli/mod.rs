@@ -78,6 +78,9 @@ fn read_stdin() -> anyhow::Result<Vec<u8>> {
 #[derive(Debug, Subcommand)]
 pub enum ClientCommand {
     /// Book a Life: the body of POST /schedules, from --json, a file, or stdin (`-`).
+    /// Many Lives: a JSON list of bookings, or one booking per line (JSON lines), sent
+    /// 1,000 at a time to POST /schedules/batch; each line's result is printed, and the
+    /// exit code is 1 when any was refused.
     Book {
         #[command(flatten)]
         body: Body,
@@ -486,8 +489,11 @@ pub async fn run(target: Target, command: ClientCommand) -> anyhow::Result<()> {
     let api = Api::new(target)?;
     match command {
         ClientCommand::Book { body } => {
-            let body = body.read(true)?;
-            let booked = api.call(Method::POST, "/schedules", body).await?;
+            let body = body.read(true)?.unwrap_or_default();
+            if let Some(bookings) = many_bookings(&body)? {
+                return book_many(&api, bookings, output).await;
+            }
+            let booked = api.call(Method::POST, "/schedules", Some(body)).await?;
             match output {
                 Output::Json => print_json(&booked),
                 Output::Table => println!(
@@ -991,5 +997,80 @@ async fn tasks(api: &Api, command: TasksCommand, output: Output) -> anyhow::Resu
         }
     };
     emit(output, &api.call(method, &path, body).await?);
+    Ok(())
+}
+
+/// The bookings of a `kairos book` input that holds more than one: a JSON list, or JSON
+/// lines (one booking per line, blank lines skipped). None for one booking (a JSON
+/// object, sent to `POST /schedules` as it is).
+fn many_bookings(body: &[u8]) -> anyhow::Result<Option<Vec<Value>>> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Array(items)) => return Ok(Some(items)),
+        Ok(_) => return Ok(None),
+        Err(_) => {}
+    }
+    let text = std::str::from_utf8(body).context("the bookings are not UTF-8 text")?;
+    let mut items = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let item: Value = serde_json::from_str(line)
+            .with_context(|| format!("line {}: not a JSON booking", n + 1))?;
+        items.push(item);
+    }
+    if items.len() < 2 {
+        // One booking (or none) that is not valid JSON: the server says why.
+        return Ok(None);
+    }
+    Ok(Some(items))
+}
+
+/// Books `bookings` through `POST /schedules/batch`, a batch of at most 1,000 at a time,
+/// printing each one's result in order; fails when any was refused.
+async fn book_many(api: &Api, bookings: Vec<Value>, output: Output) -> anyhow::Result<()> {
+    const BATCH: usize = 1000;
+    let (mut booked, mut refused) = (0u64, 0u64);
+    let mut all = Vec::new();
+    for (chunk_no, chunk) in bookings.chunks(BATCH).enumerate() {
+        let body = serde_json::to_vec(&json!({ "bookings": chunk }))?;
+        let answer = api
+            .call(Method::POST, "/schedules/batch", Some(body))
+            .await?;
+        let items = answer["items"].as_array().cloned().unwrap_or_default();
+        for (i, item) in items.into_iter().enumerate() {
+            let n = chunk_no * BATCH + i + 1;
+            if item["status"] == 200 {
+                booked += 1;
+                let b = &item["booking"];
+                if output == Output::Table {
+                    println!(
+                        "{n}: booked {} ({}, {})",
+                        text(&b["life_uuid"]),
+                        text(&b["schedule_type"]),
+                        text(&b["birth_time"])
+                    );
+                }
+            } else {
+                refused += 1;
+                if output == Output::Table {
+                    println!(
+                        "{n}: refused {} {}: {}",
+                        item["status"],
+                        text(&item["error"]["code"]),
+                        text(&item["error"]["message"])
+                    );
+                }
+            }
+            all.push(item);
+        }
+    }
+    match output {
+        Output::Json => print_json(&json!({"items": all, "booked": booked, "refused": refused})),
+        Output::Table => println!("{booked} booked, {refused} refused"),
+    }
+    if refused > 0 {
+        bail!("{refused} of {} bookings were refused", booked + refused);
+    }
     Ok(())
 }

@@ -260,6 +260,73 @@ async fn booking_host(redis: &RedisServer) -> Host {
     )
 }
 
+/// `POST /schedules/batch` against one booking per `POST /schedules`: the same point
+/// bookings, on the same host, each way timed after a warm-up.
+async fn bench_booking_batch() {
+    println!("## Batch booking\n");
+    let redis = RedisServer::start_with_fsync("everysec");
+    let host = booking_host(&redis).await;
+    let far = now_ms() + 86_400_000;
+    book_many(&host, 2_000, 64, true, move |i| far + i as i64).await;
+    let count = 50_000;
+    println!("| way | bookings/s | call latency p50 / p99 (ms) |\n|---|---|---|");
+    for clients in [1, 64] {
+        let (secs, lat) = book_many(&host, count, clients, true, move |i| {
+            far + 10_000 + i as i64
+        })
+        .await;
+        println!(
+            "| `POST /schedules`, one booking per call, {clients} keep-alive client(s), {count} bookings | **{:.0}** | {:.2} / {:.2} |",
+            count as f64 / secs,
+            percentile(&lat, 0.5) as f64 / 1000.0,
+            percentile(&lat, 0.99) as f64 / 1000.0
+        );
+    }
+    for (clients, per_call) in [(1, 1000), (4, 1000), (8, 250)] {
+        let next = Arc::new(AtomicUsize::new(0));
+        let started = Instant::now();
+        let mut tasks = Vec::new();
+        for _ in 0..clients {
+            let api = Api::new(&host);
+            let next = next.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut latencies = Vec::new();
+                loop {
+                    let first = next.fetch_add(per_call, Ordering::Relaxed);
+                    if first >= count {
+                        return latencies;
+                    }
+                    let bookings: Vec<serde_json::Value> = (first..(first + per_call).min(count))
+                        .map(|i| json!({"schedule_type": "point", "birth_time": rfc3339_ms(far + 10_000 + i as i64),
+                            "birth": {"path": "/hook", "method": "POST", "body": {"n": i}}}))
+                        .collect();
+                    let body = serde_json::to_vec(&json!({"bookings": bookings})).unwrap();
+                    let t = Instant::now();
+                    let (status, reply) = api
+                        .raw(hyper::Method::POST, "/schedules/batch", body, &[])
+                        .await;
+                    assert_eq!(status, 200, "{reply}");
+                    assert_eq!(reply["refused"], 0, "{reply}");
+                    latencies.push(t.elapsed().as_micros() as i64);
+                }
+            }));
+        }
+        let mut lat = Vec::new();
+        for t in tasks {
+            lat.extend(t.await.unwrap());
+        }
+        lat.sort_unstable();
+        let secs = started.elapsed().as_secs_f64();
+        println!(
+            "| `POST /schedules/batch`, {per_call} per call, {clients} client(s), {count} bookings | **{:.0}** | {:.2} / {:.2} |",
+            count as f64 / secs,
+            percentile(&lat, 0.5) as f64 / 1000.0,
+            percentile(&lat, 0.99) as f64 / 1000.0
+        );
+    }
+    println!();
+}
+
 /// Booking throughput and memory on a Redis with `appendfsync` set to `fsync`
 /// (`everysec`, as `kairos serve` runs its own, or `always`, its `--durability always`).
 async fn bench_booking(fsync: &'static str) {
@@ -763,6 +830,9 @@ async fn main() {
     println!("Machine: {}.\n", machine());
     if want("booking") {
         bench_booking("everysec").await;
+    }
+    if args.iter().any(|a| a == "booking-batch") {
+        bench_booking_batch().await;
     }
     if args.iter().any(|a| a == "durability") {
         bench_booking("always").await;

@@ -267,7 +267,7 @@ async function life(view, ctx, id) {
 /// retry_after_ms, ...), folded.
 function extras(record) {
   const common = ['plan', 'attempt', 'should_run_at', 'should_run_at_ms', 'started_at', 'started_at_ms', 'duration_ms',
-    'host', 'outcome', 'status', 'error', 'should_run_at_time', 'started_at_time'];
+    'host', 'outcome', 'status', 'error'];
   const rest = Object.fromEntries(Object.entries(record).filter(([k]) => !common.includes(k)));
   if (!Object.keys(rest).length) return '';
   return jsonBlock(rest, Object.keys(rest).join(', '));
@@ -353,7 +353,7 @@ async function timer(view, ctx, name) {
   const del = confirmButton('Delete', `Delete timer ${name}?`,
     (b) => act(b, `Timer ${name} deleted`, () => api('DELETE', path), () => { location.hash = '#/timers'; }), { id: 'delete-timer' });
   const runRows = runs.items.map((r) => h('tr', {},
-    h('td', {}, when(r.should_run_at_time, r.should_run_at)), h('td', {}, when(r.started_at_time, r.started_at)),
+    h('td', {}, when(r.should_run_at, r.should_run_at_ms)), h('td', {}, when(r.started_at, r.started_at_ms)),
     h('td', {}, duration(r.duration_ms)), h('td', {}, r.host || ''), h('td', {}, badge(r.outcome)),
     h('td', {}, r.status ?? ''), h('td', { class: 'error-text' }, r.error || ''), h('td', {}, extras(r))));
   fill(view,
