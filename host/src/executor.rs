@@ -334,10 +334,14 @@ impl Engine {
                     self.lease_lost();
                     self.put_off(plan, now_ms + LEASE_EXPIRED_RETRY_MS);
                 }
-                StartOutcome::Invalidated => {
+                StartOutcome::Late(late_ms) => {
+                    // Recorded by the finisher like any outcome, under the Plan's claim.
                     self.metrics
                         .record_run(PlanKind::Birth, "invalidated", None);
-                    self.forget(&plan)
+                    drop(slot);
+                    let run = self.invalidated_birth(plan, late_ms, now_ms);
+                    self.running.fetch_add(1, Ordering::AcqRel);
+                    let _ = finished.send(Finished { run });
                 }
                 StartOutcome::Dropped => {
                     self.metrics.record_task_run("expired");
@@ -576,6 +580,41 @@ impl Engine {
         None
     }
 
+    /// A Life's birth that came `late_ms` after its time, more than
+    /// `birth_delay_limit_time`: not run; recorded Invalidated (a term birth whose
+    /// earlier attempt a crash cut off leaves its Life Alive, and its death follows:
+    /// `lifecycle::after_run`).
+    fn invalidated_birth(&self, plan: Claimed, late_ms: i64, now_ms: i64) -> FinishedRun {
+        let cut_off = plan
+            .record
+            .as_ref()
+            .is_some_and(|r| r.is_term() && r.birth.interrupted);
+        let error = if cut_off {
+            format!("birth missed by {late_ms} ms, more than birth_delay_limit_time, after an attempt cut off by a host crash that may have reached the target; not run again, its death follows")
+        } else {
+            format!("birth missed by {late_ms} ms, more than birth_delay_limit_time")
+        };
+        tracing::info!(plan = %plan.plan_id, late_ms, "birth too late to run; invalidated");
+        let record = RunRecord {
+            should_run_at_ms: plan.fire_at_ms,
+            started_at_ms: now_ms,
+            duration_ms: 0,
+            outcome: "invalidated",
+            status: None,
+            error: Some(error),
+            output: None,
+            logs: Vec::new(),
+            attempt: plan.attempts + 1,
+            retry_after_ms: None,
+        };
+        FinishedRun {
+            plan,
+            outcome: RunOutcome::Invalidated,
+            record,
+            callback: None,
+        }
+    }
+
     /// A timer slot whose run could not start within its `starting_deadline` (or, for
     /// `fire_all`, its catch-up window): not run, logged as skipped; the finisher goes
     /// on to the next slot.
@@ -619,7 +658,7 @@ impl Engine {
         let success = match run.outcome {
             RunOutcome::Done => true,
             RunOutcome::Failed => false,
-            RunOutcome::Retry { .. } => return,
+            RunOutcome::Retry { .. } | RunOutcome::Invalidated => return,
         };
         // Most actions have no callback: spare them the parse.
         if run.record.outcome == "skipped" || !run.plan.action.contains("\"on_") {
@@ -765,7 +804,7 @@ impl Engine {
             let now_ms = self.clock.now_ms();
             match self
                 .store
-                .finish_runs(shard, &self.host_id, &runs, now_ms, self.notify_before_ms())
+                .finish_lives(shard, &self.host_id, &runs, now_ms, self.notify_before_ms())
                 .await
             {
                 Ok(held) => {

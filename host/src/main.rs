@@ -103,6 +103,9 @@ struct WhereArgs {
     /// A queue's name (its tasks are in the same shard).
     #[arg(long)]
     queue: Option<String>,
+    /// A queue task, as QUEUE/NAME.
+    #[arg(long)]
+    task: Option<String>,
 }
 
 fn where_is(args: &WhereArgs) -> anyhow::Result<()> {
@@ -126,15 +129,44 @@ fn where_is(args: &WhereArgs) -> anyhow::Result<()> {
                 let keys = ShardKeys::new(&args.key_prefix, home, args.shards);
                 println!("  found by id through {}", keys.pointer(id));
             }
+            let keys = ShardKeys::new(&args.key_prefix, shard, args.shards);
+            println!(
+                "  its record: redis-cli {}",
+                kairos::store::inspect::read_life_command(&keys, id)
+            );
+            println!(
+                "  its Plans claimed or running: redis-cli HMGET '{}' '{id}:birth' '{id}:death'",
+                keys.inflight()
+            );
         }
         (None, Some(rid)) => line(format!("resource {rid}"), p.resource(rid)),
         (None, None) => {}
     }
+    let keys = |shard: u32| ShardKeys::new(&args.key_prefix, shard, args.shards);
     if let Some(name) = &args.timer {
-        line(format!("timer {name}"), p.timer(name));
+        let shard = p.timer(name);
+        line(format!("timer {name}"), shard);
+        println!("  redis-cli HGETALL '{}'", keys(shard).timer(name));
+        println!(
+            "  its Plan: redis-cli HGETALL '{}'",
+            keys(shard).timer_plan(name)
+        );
     }
     if let Some(name) = &args.queue {
-        line(format!("queue {name}"), p.queue(name));
+        let shard = p.queue(name);
+        line(format!("queue {name}"), shard);
+        println!("  redis-cli HGETALL '{}'", keys(shard).queue(name));
+    }
+    if let Some(task) = &args.task {
+        let Some((queue, name)) = task.split_once('/') else {
+            anyhow::bail!("--task is QUEUE/NAME");
+        };
+        let shard = p.queue(queue);
+        line(format!("task {task}"), shard);
+        println!(
+            "  redis-cli HGETALL '{}'",
+            keys(shard).task_plan(queue, name)
+        );
     }
     Ok(())
 }
@@ -201,36 +233,8 @@ async fn run() -> anyhow::Result<()> {
             )
             .await
             .map_err(anyhow::Error::msg)?;
-            if report.migrated && report.folded_lives > 0 {
-                println!(
-                    "folded the Plans of {} Lives into their Lives' hashes ({} shards, layout {})",
-                    report.folded_lives,
-                    report.shards,
-                    kairos::store::LAYOUT
-                );
-            } else if report.migrated && report.lives == 0 && report.timers == 0 {
-                println!(
-                    "the keyspace is in layout {} now ({} shards); it had no Lives to fold",
-                    kairos::store::LAYOUT,
-                    report.shards
-                );
-            } else if report.migrated {
-                println!(
-                    "migrated into {} shards: {} Lives, {} timers, {} queues with {} tasks, {} tombstones, {} plugin registry keys; {} Plans a stopped host still held went back to their due sets",
-                    report.shards,
-                    report.lives,
-                    report.timers,
-                    report.queues,
-                    report.tasks,
-                    report.tombstones,
-                    report.registry_keys,
-                    report.handed_back
-                );
-            } else {
-                println!(
-                    "the keyspace is in this version's layout already ({} shards); nothing to do",
-                    report.shards
-                );
+            for line in report.summary() {
+                println!("{line}");
             }
             Ok(())
         }

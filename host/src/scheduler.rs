@@ -108,10 +108,14 @@ pub struct Engine {
 struct Tracked {
     plans: HashMap<(String, String), TrackedPlan>,
     tasks: usize,
+    /// Lives' Plans tracked, per shard: what the audit compares with the shard's
+    /// `inflight` entries before it reads them.
+    lives: HashMap<u32, usize>,
 }
 
 struct TrackedPlan {
     task: bool,
+    life: bool,
     shard: u32,
     /// Its start_run is on its way to Redis, or it started (its action may be under
     /// way): a shard is given up only once none of its Plans is busy. A start counts
@@ -127,25 +131,37 @@ fn tracked_key(plan: &Claimed) -> (String, String) {
 
 impl Tracked {
     fn track(&mut self, plan: &Claimed) {
-        let task = matches!(plan.owner(), Some(Owner::Task { .. }));
+        let owner = plan.owner();
+        let task = matches!(owner, Some(Owner::Task { .. }));
+        let life = matches!(owner, Some(Owner::Life(..)));
         let previous = self.plans.insert(
             tracked_key(plan),
             TrackedPlan {
                 task,
+                life,
                 shard: plan.shard,
                 busy: false,
             },
         );
-        if task && previous.is_none() {
-            self.tasks += 1;
+        if previous.is_none() {
+            self.count(task, life, plan.shard, 1);
+        }
+    }
+
+    /// Adds `n` (1 or -1) to the counts of a Plan's kind.
+    fn count(&mut self, task: bool, life: bool, shard: u32, n: isize) {
+        if task {
+            self.tasks = self.tasks.saturating_add_signed(n);
+        }
+        if life {
+            let c = self.lives.entry(shard).or_default();
+            *c = c.saturating_add_signed(n);
         }
     }
 
     fn forget(&mut self, plan: &Claimed) {
         if let Some(gone) = self.plans.remove(&tracked_key(plan)) {
-            if gone.task {
-                self.tasks -= 1;
-            }
+            self.count(gone.task, gone.life, gone.shard, -1);
         }
     }
 
@@ -170,15 +186,21 @@ impl Tracked {
     /// Lets go of a shard's Plans that are not busy; how many went.
     fn let_go_of_shard(&mut self, shard: u32) -> usize {
         let before = self.plans.len();
-        let mut tasks_gone = 0;
+        let (mut tasks_gone, mut lives_gone) = (0, 0);
         self.plans.retain(|_, p| {
             let keep = p.shard != shard || p.busy;
             if !keep && p.task {
                 tasks_gone += 1;
             }
+            if !keep && p.life {
+                lives_gone += 1;
+            }
             keep
         });
         self.tasks -= tasks_gone;
+        if let Some(c) = self.lives.get_mut(&shard) {
+            *c = c.saturating_sub(lives_gone);
+        }
         before - self.plans.len()
     }
 }
@@ -432,6 +454,17 @@ impl Engine {
     }
 
     /// Whether this host tracks this claim of a Plan.
+    /// Lives' Plans of `shard` this host tracks.
+    pub(crate) fn tracked_lives(&self, shard: u32) -> usize {
+        self.tracked
+            .lock()
+            .expect("tracked lock")
+            .lives
+            .get(&shard)
+            .copied()
+            .unwrap_or(0)
+    }
+
     pub(crate) fn tracks(&self, plan_id: &str, claim: &str) -> bool {
         self.tracked
             .lock()
@@ -1041,6 +1074,7 @@ mod tests {
                 priority,
                 ..RunOpts::default()
             },
+            record: None,
         }
     }
 

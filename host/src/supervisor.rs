@@ -41,6 +41,10 @@ const AUDIT_BATCH: usize = 1000;
 const AUDIT_GRACE_MS: i64 = 2_000;
 /// Longest one look at a shard's sweep may take before the supervisor goes on.
 const SWEEP_PATIENCE: Duration = Duration::from_secs(10);
+/// The audit reads a shard's Lives' claims in full once in this many seconds (otherwise
+/// only when the shard holds more of them than the host tracks).
+const FULL_AUDIT_EVERY: i64 = 30;
+const AUDIT_EVERY_MS: i64 = 1_000;
 /// Longest one shard's audit may take before the others go on without it.
 const AUDIT_PATIENCE: Duration = Duration::from_secs(1);
 /// Plans handed back per shard_release call.
@@ -406,6 +410,7 @@ impl Engine {
                     RELEASE_BATCH,
                     self.notify_before_ms(),
                     give_up,
+                    self.clock.now_ms(),
                 )
                 .await
             {
@@ -510,9 +515,21 @@ impl Engine {
     pub(crate) async fn audit_shard(&self, shard: u32) {
         let gate = self.claim_gate(shard);
         let gate = gate.lock().await;
+        let now_ms = self.clock.now_ms();
+        // Lives' claims are read only when the shard holds more than this host tracks
+        // (an entry of a finished run counts until its Plan is forgotten, so an orphan
+        // may hide behind it for a moment), and in full every FULL_AUDIT_EVERY audits.
+        let full = (now_ms / AUDIT_EVERY_MS + i64::from(shard)) % FULL_AUDIT_EVERY == 0;
+        let tracked = (!full).then(|| self.tracked_lives(shard));
         let held = match self
             .store
-            .held_due_before(shard, self.clock.now_ms() - AUDIT_GRACE_MS, AUDIT_BATCH)
+            .held_due_before(
+                shard,
+                &self.host_id,
+                now_ms - AUDIT_GRACE_MS,
+                AUDIT_BATCH,
+                tracked,
+            )
             .await
         {
             Ok(held) => held,
@@ -538,6 +555,7 @@ impl Engine {
                 &orphans,
                 self.notify_before_ms(),
                 i64::MAX,
+                self.clock.now_ms(),
             )
             .await
         {

@@ -7,6 +7,8 @@
 
 use kairos::model::NewLife;
 use kairos::model::ScheduleType;
+use kairos::store::inspect;
+use kairos::store::record::{Inflight, LifeRecord};
 use kairos::store::{
     ClaimReply, Claimed, FinishedRun, NewTask, NewTaskWork, RunOutcome, RunRecord, StartOutcome,
     Store, Takeover, TimerFinish,
@@ -63,12 +65,18 @@ fn key(store: &Store, rest: &str) -> String {
 async fn own(store: &Store, host: &str) -> u64 {
     match store.shard_takeover(0, host, 30_000).await.unwrap() {
         Takeover::Taken { gen, .. } => {
-            let (_, left) = store
-                .shard_release(0, host, gen, 1000, now_ms() + FAR, false)
-                .await
-                .unwrap();
-            assert_eq!(left, 0);
-            gen
+            // As the supervisor does: again until nothing is left (a run cut off is
+            // recorded between two calls).
+            for _ in 0..3 {
+                let (_, left) = store
+                    .shard_release(0, host, gen, 1000, now_ms() + FAR, false, now_ms())
+                    .await
+                    .unwrap();
+                if left == 0 {
+                    return gen;
+                }
+            }
+            panic!("the shard's held Plans were not all handed back")
         }
         Takeover::HeldBy(other) => panic!("{other} holds the shard"),
     }
@@ -123,6 +131,30 @@ fn done(plan: &Claimed, attempt: u32) -> FinishedRun {
     }
 }
 
+/// Life `id`'s record and its Plans' `inflight` entries.
+async fn record(redis: &Redis, store: &Store, id: &str) -> (LifeRecord, [Option<Inflight>; 2]) {
+    inspect::life(&mut redis.conn().await, store.shard(0), id)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no record of {id}"))
+}
+
+/// Where `member` is in the shard's tree `tree` (`due`, `lives`, `finished`): its leaf's
+/// key and its score.
+async fn in_tree(redis: &Redis, store: &Store, tree: &str, member: &str) -> Option<(String, i64)> {
+    let mut conn = redis.conn().await;
+    let tree = key(store, tree);
+    let entries: Vec<String> = conn.zrange(&tree, 0, -1).await.unwrap();
+    for entry in entries {
+        let leaf = format!("{tree}:{}", entry.rsplit_once('|').unwrap().1);
+        let score: Option<i64> = conn.zscore(&leaf, member).await.unwrap();
+        if let Some(score) = score {
+            return Some((leaf, score));
+        }
+    }
+    None
+}
+
 fn of<'a>(plans: &'a [Claimed], id: &str) -> &'a Claimed {
     plans
         .iter()
@@ -149,12 +181,9 @@ async fn a_start_retried_after_its_reply_was_lost_gets_the_applied_answer() {
         [StartOutcome::Run { attempts: 1 }],
         "a retried start answers as the applied one did, and counts no second attempt"
     );
-    let mut conn = redis.conn().await;
-    let attempts: String = conn
-        .hget(key(&store, "life:p1"), "b.attempts")
-        .await
-        .unwrap();
-    assert_eq!(attempts, "1");
+    let (_, inflight) = record(&redis, &store, "p1").await;
+    let running = inflight[0].as_ref().and_then(|f| f.running);
+    assert_eq!(running.map(|(_, attempt)| attempt), Some(1));
 }
 
 /// A lost reply of finish_run (and finish_task, finish_timer): the retry answers `ok`
@@ -189,7 +218,7 @@ async fn finishes_retried_after_a_lost_reply_record_each_run_once() {
 
     for _ in 0..2 {
         let held = store
-            .finish_runs(0, "h1", &[done(life, 1)], now_ms(), now_ms() + FAR)
+            .finish_lives(0, "h1", &[done(life, 1)], now_ms(), now_ms() + FAR)
             .await
             .unwrap();
         assert_eq!(held, [true], "the retry answers as the first call did");
@@ -208,8 +237,7 @@ async fn finishes_retried_after_a_lost_reply_record_each_run_once() {
     }
     let stream: i64 = conn.xlen(key(&store, "runs")).await.unwrap();
     assert_eq!(stream, 2, "one stream entry per run, not per call");
-    let state: String = conn.hget(key(&store, "life:p2"), "state").await.unwrap();
-    assert_eq!(state, "Dead");
+    assert_eq!(record(&redis, &store, "p2").await.0.state, "Dead");
 }
 
 #[tokio::test]
@@ -278,7 +306,7 @@ async fn a_timer_finish_retried_logs_the_run_once_and_a_deactivated_timer_stops_
 
     // Next slot: the run fails and wants a retry, but the timer was deactivated meanwhile.
     let _: () = conn
-        .zadd(key(&store, "due"), "tick:timer", now_ms() - 1)
+        .zadd(key(&store, "timers_due"), "tick:timer", now_ms() - 1)
         .await
         .unwrap();
     let claimed = claim(&store, "h1", gen).await;
@@ -309,7 +337,10 @@ async fn a_timer_finish_retried_logs_the_run_once_and_a_deactivated_timer_stops_
         .await
         .unwrap();
     assert_eq!(reply, "ok");
-    let due: Option<f64> = conn.zscore(key(&store, "due"), "tick:timer").await.unwrap();
+    let due: Option<f64> = conn
+        .zscore(key(&store, "timers_due"), "tick:timer")
+        .await
+        .unwrap();
     assert_eq!(
         due, None,
         "a deactivated timer must not fire its pending retry"
@@ -333,13 +364,15 @@ async fn claim_numbers_are_never_used_twice_for_a_plan_created_again() {
     let old = of(&claim(&store, "h1", gen).await, "again:birth").clone();
     // The Life goes (as a sweep or a DELETE and re-create would leave it) and is booked
     // again under the same id.
-    let _: () = redis::cmd("DEL")
-        .arg(key(&store, "life:again"))
-        .arg(key(&store, "lives"))
-        .query_async(&mut conn)
+    let bucket = inspect::bucket_index(inspect::id_hash("again"), 1);
+    let _: () = conn
+        .hdel(store.shard(0).records(bucket), "again")
         .await
         .unwrap();
-    let _: () = conn.zrem(key(&store, "held"), "again:birth").await.unwrap();
+    let _: () = conn
+        .hdel(store.shard(0).inflight(), "again:birth")
+        .await
+        .unwrap();
     book(&store, &point("again", now_ms() + 500)).await;
     let new = of(&claim(&store, "h1", gen).await, "again:birth").clone();
     assert_ne!(
@@ -418,7 +451,7 @@ async fn a_host_whose_shard_lease_ran_out_or_was_taken_starts_and_claims_nothing
     );
     // h1's late outcome of the run cut off is recorded but changes nothing.
     let held = store
-        .finish_runs(0, "h1", &[done(&plan, 1)], now_ms(), now_ms() + FAR)
+        .finish_lives(0, "h1", &[done(&plan, 1)], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
     assert_eq!(held, [false]);
@@ -445,7 +478,7 @@ async fn a_resource_plan_waits_for_every_earlier_plan_of_its_resource() {
         [StartOutcome::Run { attempts: 1 }]
     );
     store
-        .finish_runs(0, "h1", &[done(a_birth, 1)], now_ms(), now_ms() + FAR)
+        .finish_lives(0, "h1", &[done(a_birth, 1)], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
     // A is Alive; its death starts, and then h1 dies mid-call.
@@ -474,7 +507,7 @@ async fn a_resource_plan_waits_for_every_earlier_plan_of_its_resource() {
         [StartOutcome::Run { attempts: 2 }]
     );
     store
-        .finish_runs(0, "h2", &[done(&a_death, 2)], now_ms(), now_ms() + FAR)
+        .finish_lives(0, "h2", &[done(&a_death, 2)], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
     assert_eq!(
@@ -513,31 +546,36 @@ async fn a_late_birth_that_may_have_reached_its_target_is_followed_by_its_death(
     // time.
     lapse(&redis, &store).await;
     let gen2 = own(&store, "h2").await;
+    // The takeover handed the cut-off birth back, due at its time; move that ten
+    // minutes back.
+    let (leaf, _) = in_tree(&redis, &store, "due", "cut:birth").await.unwrap();
     let _: () = conn
-        .hset(key(&store, "life:cut"), "b.fire_at_ms", now_ms() - 600_000)
-        .await
-        .unwrap();
-    let _: () = conn
-        .zadd(key(&store, "due"), "cut:birth", now_ms() - 600_000)
+        .zadd(&leaf, "cut:birth", now_ms() - 600_000)
         .await
         .unwrap();
     let birth = of(&claim(&store, "h2", gen2).await, "cut:birth").clone();
-    assert_eq!(
-        start(&store, "h2", gen2, &[&birth]).await,
-        [StartOutcome::Invalidated]
-    );
-    let life = store.life_view("cut", 50).await.unwrap().unwrap();
-    assert_eq!(life["state"], "Alive", "{life:#}");
-    let death_due: Option<f64> = conn.zscore(key(&store, "due"), "cut:death").await.unwrap();
+    let late = start(&store, "h2", gen2, &[&birth]).await;
     assert!(
-        death_due.is_some(),
-        "its death is due: the deactivate is sent"
+        matches!(late[..], [StartOutcome::Late(ms)] if ms >= 600_000),
+        "{late:?}"
     );
-    let uncertain: Option<String> = conn
-        .hget(key(&store, "life:cut"), "birth_uncertain")
+    // The host records it as the engine does: Invalidated, under its claim.
+    let mut run = done(&birth, 2);
+    run.outcome = RunOutcome::Invalidated;
+    run.record.outcome = "invalidated";
+    let held = store
+        .finish_lives(0, "h2", &[run], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
-    assert_eq!(uncertain.as_deref(), Some("1"));
+    assert_eq!(held, [true]);
+    let life = store.life_view("cut", 50).await.unwrap().unwrap();
+    assert_eq!(life["state"], "Alive", "{life:#}");
+    assert!(
+        in_tree(&redis, &store, "due", "cut:death").await.is_some(),
+        "its death is due: the deactivate is sent"
+    );
+    let (cut, _) = record(&redis, &store, "cut").await;
+    assert!(cut.birth_uncertain, "{cut:?}");
 }
 
 /// A queue at its max_concurrent keeps its waiting tasks in Redis, not in a host's
@@ -686,6 +724,7 @@ async fn release_moves_only_the_claim_it_names() {
             &[(plan.plan_id.clone(), "999999".into())],
             now_ms() + FAR,
             i64::MAX,
+            now_ms(),
         )
         .await
         .unwrap();
@@ -697,6 +736,7 @@ async fn release_moves_only_the_claim_it_names() {
             &[(plan.plan_id.clone(), plan.claim.clone())],
             now_ms() + FAR,
             i64::MAX,
+            now_ms(),
         )
         .await
         .unwrap();
@@ -742,17 +782,15 @@ async fn a_redis_at_maxmemory_refuses_bookings_but_runs_under_way_finish() {
         [StartOutcome::Run { attempts: 1 }]
     );
     let held = store
-        .finish_runs(0, "h1", &[done(plan, 1)], now_ms(), now_ms() + FAR)
+        .finish_lives(0, "h1", &[done(plan, 1)], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
     assert_eq!(held, [true]);
-    let state: String = conn
-        .hget(key(&store, "life:before"), "state")
+    assert_eq!(record(&redis, &store, "before").await.0.state, "Dead");
+    let after = inspect::life(&mut conn, store.shard(0), "after")
         .await
         .unwrap();
-    assert_eq!(state, "Dead");
-    let exists: bool = conn.exists(key(&store, "life:after")).await.unwrap();
-    assert!(!exists, "nothing of the refused booking was stored");
+    assert!(after.is_none(), "nothing of the refused booking was stored");
 }
 
 /// `/metrics` shows a backlog: Plans past their fire time that nobody has claimed, and
@@ -770,8 +808,9 @@ async fn overdue_plans_and_the_oldest_ones_age_are_counted() {
         (2, 0, 0)
     );
     // No host claimed it, and its time passed a minute ago.
+    let (leaf, _) = in_tree(&redis, &store, "due", "late:birth").await.unwrap();
     let _: () = conn
-        .zadd(key(&store, "due"), "late:birth", now_ms() - 60_000)
+        .zadd(&leaf, "late:birth", now_ms() - 60_000)
         .await
         .unwrap();
     let stats = store.cluster_stats(now_ms()).await.unwrap();

@@ -1395,26 +1395,164 @@ impl RedisServer {
         Keyspace::new(shards.unwrap_or(32))
     }
 
-    /// ZCARD of the sorted set `rest` (such as `due`) added up over every shard.
-    pub async fn zcard_all(&self, rest: &str) -> i64 {
+    /// How many entries `rest` holds, added up over every shard: `due` (the Lives' due
+    /// tree and the timers' `timers_due`), `lives` (a tree, counted by member),
+    /// `finished` (a list), `held` (claimed timers and tasks, and Lives' Plans in
+    /// `inflight`), or any other sorted set by ZCARD.
+    pub async fn count_all(&self, rest: &str) -> i64 {
+        let mut conn = self.conn().await;
         let mut total = 0;
-        for key in self.keyspace().await.every(rest) {
-            total += self.zcard(&key).await;
+        for k in self.keyspace().await.shards() {
+            total += match rest {
+                "finished" => redis::cmd("LLEN")
+                    .arg(k.finished())
+                    .query_async::<i64>(&mut conn)
+                    .await
+                    .expect("LLEN answers"),
+                "due" | "lives" => {
+                    let tree = format!("{}{rest}", k.prefix);
+                    kairos::store::inspect::tree_members(&mut conn, &tree)
+                        .await
+                        .expect("the tree reads")
+                        .len() as i64
+                }
+                _ => self.zcard(&format!("{}{rest}", k.prefix)).await,
+            };
+            total += match rest {
+                "due" => self.zcard(&k.timers_due()).await,
+                "held" => redis::cmd("HLEN")
+                    .arg(k.inflight())
+                    .query_async::<i64>(&mut conn)
+                    .await
+                    .expect("HLEN answers"),
+                _ => 0,
+            };
         }
         total
     }
 
-    /// A field of any Plan in shard `k` (a Life's Plans are fields of its hash:
-    /// `ShardKeys::plan_field`); None when it is not there.
+    /// The score of `member` in the tree `tree` (such as a shard's `due`), if it is there.
+    pub async fn tree_score(&self, tree: &str, member: &str) -> Option<i64> {
+        kairos::store::inspect::tree_members(&mut self.conn().await, tree)
+            .await
+            .expect("the tree reads")
+            .into_iter()
+            .find(|(m, _)| m == member)
+            .map(|(_, score)| score)
+    }
+
+    /// Takes `member` out of the tree `tree` (out of its leaf; the index is left as it
+    /// is); whether it was there.
+    pub async fn tree_remove(&self, tree: &str, member: &str) -> bool {
+        let mut conn = self.conn().await;
+        let entries: Vec<String> = redis::cmd("ZRANGE")
+            .arg(tree)
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await
+            .expect("ZRANGE answers");
+        for entry in entries {
+            let Some((_, leaf)) = entry.rsplit_once('|') else {
+                continue;
+            };
+            let removed: i64 = redis::cmd("ZREM")
+                .arg(format!("{tree}:{leaf}"))
+                .arg(member)
+                .query_async(&mut conn)
+                .await
+                .expect("ZREM answers");
+            if removed == 1 {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// When Life `uuid` finished, from its entry on shard `k`'s `finished` list, if it is
+    /// there.
+    pub async fn finished_at(&self, k: &kairos::store::ShardKeys, uuid: &str) -> Option<i64> {
+        let entries: Vec<String> = redis::cmd("LRANGE")
+            .arg(k.finished())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut self.conn().await)
+            .await
+            .expect("LRANGE answers");
+        entries.iter().find_map(|e| {
+            let (ms, id) = e.split_once(':')?;
+            (id == uuid).then(|| ms.parse().ok()).flatten()
+        })
+    }
+
+    /// A Life's record and its Plans' `inflight` entries in shard `k`.
+    pub async fn life_record(
+        &self,
+        k: &kairos::store::ShardKeys,
+        uuid: &str,
+    ) -> Option<(
+        kairos::store::record::LifeRecord,
+        [Option<kairos::store::record::Inflight>; 2],
+    )> {
+        kairos::store::inspect::life(&mut self.conn().await, k, uuid)
+            .await
+            .expect("the Life reads")
+    }
+
+    /// Every Life record in shard `k` (all its record buckets), by id.
+    pub async fn life_records(
+        &self,
+        k: &kairos::store::ShardKeys,
+    ) -> std::collections::BTreeMap<String, kairos::store::record::LifeRecord> {
+        let mut conn = self.conn().await;
+        let n: Option<u64> = redis::cmd("GET")
+            .arg(k.record_count())
+            .query_async(&mut conn)
+            .await
+            .expect("GET answers");
+        let mut out = std::collections::BTreeMap::new();
+        for bucket in 0..n.unwrap_or(1) {
+            let all: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(k.records(bucket))
+                .query_async(&mut conn)
+                .await
+                .expect("HGETALL answers");
+            for (id, text) in all {
+                let record = kairos::store::record::LifeRecord::from_json(&text)
+                    .unwrap_or_else(|e| panic!("record of {id} unreadable: {e}: {text}"));
+                out.insert(id, record);
+            }
+        }
+        out
+    }
+
+    /// A field of any Plan in shard `k`, named as layout 3 named it (`state`,
+    /// `fire_at_ms`, `attempts`, `lease_owner`, `claims`, ...: a Life's Plans are rendered
+    /// from its record by `LifeRecord::hashes`); None when it is not there.
     pub async fn plan_field(
         &self,
         k: &kairos::store::ShardKeys,
         plan_id: &str,
         field: &str,
     ) -> Option<String> {
-        let (key, field) = k.plan_field(plan_id, field);
+        if let Some((uuid, kind)) = plan_id.rsplit_once(':') {
+            if kind == "birth" || kind == "death" {
+                let (record, inflight) = self.life_record(k, uuid).await?;
+                let at = usize::from(kind == "death");
+                if field == "claims" {
+                    return inflight[at].as_ref().map(|f| f.claim.clone());
+                }
+                let (life, birth, death) =
+                    record.hashes([inflight[0].as_ref(), inflight[1].as_ref()]);
+                let plan = if at == 0 { birth } else { death };
+                if plan.is_empty() {
+                    return None;
+                }
+                return plan.get(field).or_else(|| life.get(field)).cloned();
+            }
+        }
         redis::cmd("HGET")
-            .arg(key)
+            .arg(k.plan(plan_id))
             .arg(field)
             .query_async(&mut self.conn().await)
             .await
@@ -1426,7 +1564,8 @@ impl RedisServer {
         self.plan_field(k, plan_id, "state").await.is_some()
     }
 
-    /// Plans held (claimed, Preset or Running) in the shards `host` owns.
+    /// Plans held (claimed, Preset or Running) in the shards `host` owns: its timers'
+    /// and tasks' in `held`, its Lives' in `inflight`.
     pub async fn held_by(&self, host: &str) -> i64 {
         let mut conn = self.conn().await;
         let mut total = 0;
@@ -1439,6 +1578,15 @@ impl RedisServer {
                 .expect("HGET answers");
             if owner.as_deref() == Some(host) {
                 total += self.zcard(&k.held()).await;
+                let entries: Vec<String> = redis::cmd("HVALS")
+                    .arg(k.inflight())
+                    .query_async(&mut conn)
+                    .await
+                    .expect("HVALS answers");
+                total += entries
+                    .iter()
+                    .filter(|e| e.split('|').nth(2) == Some(host))
+                    .count() as i64;
             }
         }
         total

@@ -203,8 +203,8 @@ async fn every_row_of_the_validation_table_refuses_and_stores_nothing() {
     let pointer = usize::from(ks.life("t8").index != ks.resource("conn-42").index);
     assert_eq!(
         key_count(&redis).await,
-        before + 1 + pointer,
-        "t8 adds one key, its Life with its Plans' fields (the resource index exists); the refusals add nothing"
+        before + pointer,
+        "t8 adds no key but a pointer to its shard: its record goes into the bucket that holds t6's, its birth into the trees t6 made; the refusals add nothing"
     );
 }
 
@@ -330,12 +330,10 @@ async fn routes_book_list_show_patch_and_cancel() {
     assert_eq!(status, 200, "{moved}");
     assert_eq!(moved["death_time"], "2030-01-02T02:00:00Z");
     assert_eq!(moved["plans"][1]["fire_at_ms"], 1_893_549_600_000i64);
-    let mut conn = redis.conn().await;
     let ks = redis.keyspace().await;
     let even = ks.resource("even");
-    let (key, field) = even.plan_field("l0:death", "fire_at_ms");
-    let fire: String = conn.hget(key, field).await.unwrap();
-    assert_eq!(fire, "1893549600000");
+    let fire = redis.plan_field(even, "l0:death", "fire_at_ms").await;
+    assert_eq!(fire.as_deref(), Some("1893549600000"));
     // Moving the birth re-scores the due set.
     let (status, _) = api
         .patch(
@@ -344,8 +342,8 @@ async fn routes_book_list_show_patch_and_cancel() {
         )
         .await;
     assert_eq!(status, 200);
-    let score: f64 = conn.zscore(even.due(), "l0:birth").await.unwrap();
-    assert_eq!(score as i64, 1_893_544_200_000);
+    let score = redis.tree_score(&even.due(), "l0:birth").await;
+    assert_eq!(score, Some(1_893_544_200_000));
     // A patch is validated as a whole: this one would make the term too short.
     assert_eq!(
         code(
@@ -379,10 +377,9 @@ async fn routes_book_list_show_patch_and_cancel() {
         (status, cancelled["state"].as_str()),
         (200, Some("Stillbirth"))
     );
-    let gone: Option<f64> = conn
-        .zscore(ks.resource("odd").due(), "l1:birth")
-        .await
-        .unwrap();
+    let gone = redis
+        .tree_score(&ks.resource("odd").due(), "l1:birth")
+        .await;
     assert_eq!(gone, None);
     let (_, l1) = api.get("/schedules/l1").await;
     assert_eq!(l1["plans"][0]["state"], "Cancelled");
@@ -676,13 +673,12 @@ async fn local_times_are_read_in_the_configured_zone() {
         .post("/schedules", &point("tz2", "2030-12-15T07:05:00+01:00"))
         .await;
     assert_eq!(rfc["birth_time_ms"], local["birth_time_ms"]);
-    let mut conn = redis.conn().await;
     let tz1 = redis.keyspace().await.life("tz1").clone();
-    let score: f64 = conn.zscore(tz1.due(), "tz1:birth").await.unwrap();
-    assert_eq!(score as i64, 1_923_545_100_000);
+    let score = redis.tree_score(&tz1.due(), "tz1:birth").await;
+    assert_eq!(score, Some(1_923_545_100_000));
     // Redis keeps the instant only; the zone is the API's to render.
-    let stored: i64 = conn.hget(tz1.life("tz1"), "birth_at_ms").await.unwrap();
-    assert_eq!(stored, 1_923_545_100_000);
+    let (stored, _) = redis.life_record(&tz1, "tz1").await.unwrap();
+    assert_eq!(stored.birth_ms, 1_923_545_100_000);
     let (_, shown) = api.get("/schedules/tz1").await;
     assert_eq!(shown["birth_time"], "2030-12-15T15:05:00+09:00", "{shown}");
     // A flat body with a term in local time, and the list filter in local time.
@@ -760,17 +756,23 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
 
     let mut conn = redis.conn().await;
     let ks = redis.keyspace().await;
-    let mut lives: Vec<String> = Vec::new();
+    // (id, shard index, record) of every Life in Redis.
+    let mut lives = Vec::new();
     let (mut due, mut index, mut resources) = (Vec::new(), Vec::new(), 0);
     for k in ks.shards() {
         let p = &k.prefix;
-        let keys: Vec<String> = conn.keys(format!("{p}life:*")).await.unwrap();
-        lives.extend(keys);
-        let d: Vec<String> = conn.zrange(k.due(), 0, -1).await.unwrap();
-        due.extend(d);
-        let i: Vec<String> = conn.zrange(k.lives(), 0, -1).await.unwrap();
+        for (id, record) in redis.life_records(k).await {
+            lives.push((id, k.index, record));
+        }
+        let d = kairos::store::inspect::tree_members(&mut conn, &k.due())
+            .await
+            .unwrap();
+        due.extend(d.into_iter().map(|(m, _)| m));
+        let i = kairos::store::inspect::tree_members(&mut conn, &k.lives())
+            .await
+            .unwrap();
         index.extend(i);
-        // A Life's Plans are fields of its hash: no key of their own.
+        // A Life's Plans are in its record: no key of their own.
         let plans: Vec<String> = conn.keys(format!("{p}plan:*")).await.unwrap();
         assert_eq!(plans, Vec::<String>::new());
         let r: Vec<String> = conn.keys(format!("{p}resource:*")).await.unwrap();
@@ -783,7 +785,7 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
         let id = format!("b{i}");
         let shard = ks.resource(&format!("res-{i}"));
         assert!(
-            lives.contains(&shard.life(&id)),
+            lives.iter().any(|(l, s, _)| *l == id && *s == shard.index),
             "acknowledged booking {id} lost"
         );
         // Found by id alone: its home shard holds it or points to it.
@@ -797,31 +799,24 @@ async fn kill_during_a_burst_leaves_each_booking_whole_or_absent() {
             );
         }
     }
-    for key in &lives {
-        let (prefix, id) = key.rsplit_once("life:").unwrap();
-        let life: std::collections::HashMap<String, String> = conn.hgetall(key).await.unwrap();
-        for field in [
-            "schedule_type",
-            "state",
-            "birth_at_ms",
-            "death_at_ms",
-            "resource_id",
-        ] {
-            assert!(life.contains_key(field), "{key} lacks {field}");
-        }
+    for (id, shard, life) in &lives {
+        assert!(life.is_term(), "{id} is not the term it was booked as");
+        let rid = life
+            .resource_id
+            .as_deref()
+            .unwrap_or_else(|| panic!("{id} lost its resource"));
         assert!(due.contains(&format!("{id}:birth")), "{id} birth not due");
         let in_resource: Option<f64> = conn
-            .zscore(format!("{prefix}resource:{}", life["resource_id"]), id)
+            .zscore(ks.shard(*shard).resource(rid), id)
             .await
             .unwrap();
         assert!(
             in_resource.is_some(),
             "{id} missing from its resource index"
         );
-        assert_eq!(life.get("b.state").map(String::as_str), Some("Standby"));
-        assert!(life.contains_key("b.action"));
-        assert_eq!(life.get("d.state").map(String::as_str), Some("Standby"));
-        assert!(life.contains_key("d.action"));
+        assert_eq!(life.birth.state, None, "{id}'s birth left Standby");
+        assert_eq!(life.death.state, None, "{id}'s death left Standby");
+        assert!(life.death_action.is_some(), "{id} lost its death action");
     }
     eprintln!(
         "{} bookings in Redis, {} acknowledged before the kill; each is whole",

@@ -6,7 +6,8 @@
 //! - a master killed mid-run is replaced by its replica, and with `--min-replicas-ack 1`
 //!   no acknowledged booking is lost;
 //! - three hosts, one killed -9 and one frozen (SIGSTOP) past its lease then resumed,
-//!   fire every Plan, and no Plan ever has two calls under way at once.
+//!   fire every Plan, and no Plan ever has two calls under way at once;
+//! - `kairos migrate` folds a keyspace of the earlier layout on it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -367,85 +368,56 @@ async fn three_hosts_one_killed_one_frozen_fire_every_plan_never_twice_at_once()
     }
 }
 
-/// `kairos migrate` folds a keyspace of layout 2 (a hash per Plan) on a cluster: each
-/// Life's call goes to its shard's master. The layout-2 keys are written back from Lives
-/// booked by this build (each `b.`/`d.` field into a Plan hash of its own, as the build
-/// before wrote them), so the test needs no earlier build.
+/// `kairos migrate` folds a keyspace of layout 3 (a hash per Life) into records on a
+/// cluster: each Life's call goes to its shard's master. The keyspace is the fixture
+/// that build wrote (`tests/fixtures/layout3`), copied key by key (DUMP, RESTORE) from a
+/// redis-server loaded with it into the cluster's masters.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyspace_with_a_hash_per_plan_is_folded_on_a_cluster() {
+async fn a_keyspace_with_a_hash_per_life_is_folded_on_a_cluster() {
     let cluster = RedisCluster::start(3, 0);
     let sink = Sink::start().await;
     let port = cluster.ports[0];
-    let far = now_ms() + 3_600_000;
-    let mut lives: Vec<(String, Option<String>)> = Vec::new();
-    let mut host = Host::start(&cluster.url(), &cluster_flags(&sink, &[]));
-    let api = Api::new(&host);
-    for i in 0..12i64 {
-        let id = format!("f{i:02}");
-        let rid = (i % 3 == 0).then(|| format!("conn-{i}"));
-        let mut body = if i % 2 == 0 {
-            term(
-                &id,
-                far + i * 60_000,
-                far + i * 60_000 + 30_000,
-                hook("on"),
-                hook("off"),
-            )
-        } else {
-            point(&id, far + i * 60_000, hook(&id))
-        };
-        if let Some(rid) = &rid {
-            body["resource_id"] = json!(rid);
-        }
-        book(&api, &body).await;
-        lives.push((id, rid));
+    let fixture = RedisServer::start_from_rdb(&fixtures_dir().join("layout3/dump.rdb"));
+    let mut from = fixture.conn().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut from)
+        .await
+        .unwrap();
+    let nodes: Vec<String> = cluster
+        .ports
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}/"))
+        .collect();
+    let mut to = redis::cluster::ClusterClient::new(nodes)
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    for key in &keys {
+        let dump: Vec<u8> = redis::cmd("DUMP")
+            .arg(key)
+            .query_async(&mut from)
+            .await
+            .unwrap();
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut from)
+            .await
+            .unwrap();
+        let _: () = redis::cmd("RESTORE")
+            .arg(key)
+            .arg(ttl.max(0))
+            .arg(dump)
+            .query_async(&mut to)
+            .await
+            .unwrap();
     }
-    let mut before = Vec::new();
-    for (id, _) in &lives {
-        before.push(api.get(&format!("/schedules/{id}")).await.1);
-    }
-    assert!(host.terminate(Duration::from_secs(10)), "the host stops");
-
-    let ks = Keyspace::new(32);
-    let mut plans = 0;
-    for (id, rid) in &lives {
-        let k = match rid {
-            Some(rid) => ks.resource(rid),
-            None => ks.life(id),
-        };
-        let life = k.life(id);
-        let out = cluster.cli(port, &["HGETALL", &life]);
-        let lines: Vec<&str> = out.lines().collect();
-        let resource = lines
-            .chunks(2)
-            .find(|p| p[0] == "resource_id")
-            .map(|p| p[1].to_string());
-        for (prefix, kind) in [("b.", "birth"), ("d.", "death")] {
-            let mut fields: Vec<String> = Vec::new();
-            for pair in lines.chunks(2) {
-                if let Some(name) = pair[0].strip_prefix(prefix) {
-                    fields.extend([name.to_string(), pair[1].to_string()]);
-                    cluster.cli(port, &["HDEL", &life, pair[0]]);
-                }
-            }
-            if fields.is_empty() {
-                continue;
-            }
-            if let Some(rid) = &resource {
-                fields.extend(["resource_id".to_string(), rid.clone()]);
-            }
-            let key = k.key_of(&format!("plan:{id}:{kind}"));
-            let mut args = vec!["HSET", key.as_str()];
-            args.extend(fields.iter().map(String::as_str));
-            cluster.cli(port, &args);
-            plans += 1;
-        }
-    }
-    assert_eq!(
-        plans, 18,
-        "12 births and 6 deaths written as layout 2 had them"
-    );
-    cluster.cli(port, &["HSET", "kairos:meta", "layout", "2"]);
+    drop(fixture);
+    let lives: Vec<Value> = fixture_of_layout3("lives.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
 
     let (code, _, err) = kairos_command(&[
         "serve",
@@ -455,30 +427,51 @@ async fn a_keyspace_with_a_hash_per_plan_is_folded_on_a_cluster() {
         &format!("127.0.0.1:{}", free_port()),
     ]);
     assert_ne!(code, 0);
-    assert!(err.contains("layout 2"), "{err}");
+    assert!(err.contains("layout 3"), "{err}");
     let (code, out, err) = kairos_command(&["migrate", "--redis-url", &cluster.url()]);
     assert_eq!(code, 0, "{out}{err}");
     assert!(
-        out.contains("folded the Plans of 12 Lives into their Lives' hashes (32 shards, layout 3)"),
+        out.contains(&format!(
+            "folded {} Lives into compact records (32 shards, layout 4)",
+            lives.len()
+        )),
         "{out}"
     );
-    for (id, rid) in &lives {
-        let k = match rid {
+    let ks = Keyspace::new(32);
+    for old in &lives {
+        let id = old["life"].as_str().unwrap();
+        let k = match old["view"]["resource_id"].as_str() {
             Some(rid) => ks.resource(rid),
             None => ks.life(id),
         };
-        for kind in ["birth", "death"] {
-            let key = k.key_of(&format!("plan:{id}:{kind}"));
-            assert_eq!(cluster.cli(port, &["EXISTS", &key]).trim(), "0", "{key}");
-        }
+        let key = k.key_of(&format!("life:{id}"));
+        assert_eq!(cluster.cli(port, &["EXISTS", &key]).trim(), "0", "{key}");
     }
 
-    host = Host::start(&cluster.url(), &cluster_flags(&sink, &[]));
+    let host = Host::start(&cluster.url(), &cluster_flags(&sink, &[]));
     let api = Api::new(&host);
-    for ((id, _), old) in lives.iter().zip(&before) {
+    for old in &lives {
+        let id = old["life"].as_str().unwrap();
         let (status, view) = api.get(&format!("/schedules/{id}")).await;
         assert_eq!(status, 200, "{id}: {view}");
-        assert_eq!(&view, old, "{id} reads back otherwise");
+        assert_eq!(view, old["view"], "{id} reads back otherwise");
     }
+    // A pending point moved to now fires from its folded record.
+    let (status, reply) = api
+        .patch(
+            "/schedules/pend-res",
+            &json!({"birth_time": rfc3339_ms(now_ms() + 1_500)}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    sink.wait_until("pend-res's birth", Duration::from_secs(10), |got| {
+        got.iter()
+            .any(|r| r.header("x-kairos-life") == Some("pend-res"))
+    })
+    .await;
     drop(host);
+}
+
+fn fixture_of_layout3(name: &str) -> String {
+    std::fs::read_to_string(fixtures_dir().join("layout3").join(name)).unwrap()
 }

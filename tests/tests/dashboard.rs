@@ -429,15 +429,10 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
     )
     .await;
     assert_eq!(page.text("#life-state").await, "Inexistent");
-    let key = ks.resource("conn-ui").life("ui0booked");
-    assert_eq!(
-        hget(redis, &key, "state").await.as_deref(),
-        Some("Inexistent")
-    );
-    assert_eq!(
-        hget(redis, &key, "resource_id").await.as_deref(),
-        Some("conn-ui")
-    );
+    let shard = ks.resource("conn-ui").clone();
+    let (record, _) = redis.life_record(&shard, "ui0booked").await.unwrap();
+    assert_eq!(record.state, "Inexistent");
+    assert_eq!(record.resource_id.as_deref(), Some("conn-ui"));
 
     // Listed, filtered by resource; opened from the list.
     page.goto("#/schedules?resource_id=conn-ui").await;
@@ -481,7 +476,21 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
         "document.getElementById('life-state') && document.getElementById('life-state').textContent === 'Stillbirth'",
     )
     .await;
-    wait_hash(redis, &key, "state", "Stillbirth").await;
+    let deadline = Instant::now() + WAIT;
+    while redis
+        .life_record(&shard, "ui0booked")
+        .await
+        .unwrap()
+        .0
+        .state
+        != "Stillbirth"
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the record never became Stillbirth"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(
         admin.get("/schedules/ui0booked").await.1["state"],
         "Stillbirth"
@@ -635,12 +644,11 @@ async fn reschedule_a_life(page: &Page, redis: &RedisServer, ks: &Keyspace, admi
         "birth moved to {new_ms}, asked about {asked_ms}"
     );
     assert_eq!(plan(&after, "birth")["fire_at_ms"].as_i64(), Some(new_ms));
-    let key = ks.life("api0booked").life("api0booked");
-    assert_eq!(
-        hget(redis, &key, "birth_at_ms").await,
-        Some(new_ms.to_string()),
-        "the Life's hash in Redis"
-    );
+    let (record, _) = redis
+        .life_record(ks.life("api0booked"), "api0booked")
+        .await
+        .unwrap();
+    assert_eq!(record.birth_ms, new_ms, "the Life's record in Redis");
     // The page shows the API's time as it reads it (`T` a space, no fraction).
     let birth = after["birth_time"].as_str().unwrap();
     page.until(

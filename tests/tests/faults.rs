@@ -457,7 +457,7 @@ async fn a_second_sigterm_hands_everything_back_and_exits_at_once() {
         first.log_text()
     );
     assert_eq!(
-        redis.zcard_all("held").await,
+        redis.count_all("held").await,
         0,
         "every Plan was handed back"
     );

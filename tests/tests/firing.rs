@@ -500,7 +500,7 @@ async fn plans_of_a_killed_host_fire_on_another_host() {
     }
     let held = wait_held(&redis, &first, 50, Duration::from_secs(2)).await;
     assert_eq!(held, 50, "all 50 are claimed into the first host's memory");
-    assert_eq!(redis.zcard_all("due").await, 0);
+    assert_eq!(redis.count_all("due").await, 0);
     first.kill9();
     let killed_at = now_ms();
     assert!(sink.received().is_empty(), "nothing was due yet");
@@ -521,7 +521,7 @@ async fn plans_of_a_killed_host_fire_on_another_host() {
     for view in views.values() {
         assert_eq!(history(view)[0]["host"], second.host_id.as_str());
     }
-    assert_eq!(redis.zcard_all("held").await, 0, "nothing is held any more");
+    assert_eq!(redis.count_all("held").await, 0, "nothing is held any more");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -866,9 +866,9 @@ async fn sigterm_hands_claimed_plans_back_at_once() {
     );
     eprintln!("graceful shutdown with 30 claimed Plans took {took:?}");
     assert!(took < Duration::from_secs(2), "shutdown took {took:?}");
-    assert_eq!(redis.zcard_all("held").await, 0, "nothing still held");
+    assert_eq!(redis.count_all("held").await, 0, "nothing still held");
     assert_eq!(
-        redis.zcard_all("due").await,
+        redis.count_all("due").await,
         30,
         "all handed back to the due set"
     );

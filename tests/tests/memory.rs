@@ -130,7 +130,7 @@ async fn a_full_redis_sheds_history_then_refuses_bookings_and_loses_nothing() {
     })
     .await;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while redis.zcard_all("finished").await < 200 {
+    while redis.count_all("finished").await < 200 {
         assert!(
             Instant::now() < deadline,
             "the history Lives never finished"
@@ -192,7 +192,7 @@ async fn a_full_redis_sheds_history_then_refuses_bookings_and_loses_nothing() {
     assert!(acked.len() > 1000, "only {} bookings fitted", acked.len());
     // The history went first: by the first refusal it had been shed.
     assert!(
-        redis.zcard_all("finished").await < 200,
+        redis.count_all("finished").await < 200,
         "no history shed before refusing"
     );
     assert!(host.log_text().contains("shed"), "{}", host.log_text());
@@ -310,7 +310,7 @@ async fn history_is_bounded_by_count_oldest_first() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    assert!(redis.zcard_all("finished").await <= 6);
+    assert!(redis.count_all("finished").await <= 6);
     assert!(!want_gone.is_empty());
 }
 
@@ -344,30 +344,38 @@ async fn history_is_bounded_by_bytes_oldest_first() {
         .await;
     let shard = redis.keyspace().await.shard(0).clone();
     let mut conn = redis.conn().await;
-    // The history's size as Redis counts it: every finished Life's hash, and its two
-    // index entries at the average cost of an entry of `finished`.
+    // The history's size as Redis counts it: every record bucket (all its Lives have
+    // finished), the `finished` list and the `lives` tree, leaves and all.
     let deadline = Instant::now() + Duration::from_secs(30);
     let kept = loop {
-        let kept: Vec<String> = conn.zrange(shard.finished(), 0, -1).await.unwrap();
-        let mut bytes = 0u64;
-        for id in &kept {
-            for key in [shard.life(id)] {
-                let used: Option<u64> = redis::cmd("MEMORY")
-                    .arg("USAGE")
-                    .arg(&key)
-                    .query_async(&mut conn)
-                    .await
-                    .unwrap();
-                bytes += used.unwrap_or(0);
-            }
-        }
-        let index: Option<u64> = redis::cmd("MEMORY")
-            .arg("USAGE")
-            .arg(shard.finished())
-            .query_async(&mut conn)
+        let kept: Vec<String> = conn
+            .lrange::<_, Vec<String>>(shard.finished(), 0, -1)
             .await
-            .unwrap();
-        bytes += 2 * index.unwrap_or(0);
+            .unwrap()
+            .into_iter()
+            .map(|e| e.split_once(':').unwrap().1.to_string())
+            .collect();
+        let mut keys: Vec<String> = conn.keys(format!("{}r:*", shard.prefix)).await.unwrap();
+        keys.push(shard.finished());
+        let tree = shard.lives();
+        keys.push(tree.clone());
+        keys.extend(
+            conn.keys::<_, Vec<String>>(format!("{tree}:*"))
+                .await
+                .unwrap(),
+        );
+        let mut bytes = 0u64;
+        for key in &keys {
+            let used: Option<u64> = redis::cmd("MEMORY")
+                .arg("USAGE")
+                .arg(key)
+                .arg("SAMPLES")
+                .arg(0)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            bytes += used.unwrap_or(0);
+        }
         if kept.len() < 60 && bytes <= budget + budget / 4 {
             break kept;
         }

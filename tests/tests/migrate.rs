@@ -1,9 +1,10 @@
 //! `kairos migrate` on keyspaces written by earlier builds, each kept under
 //! `tests/fixtures/` as its RDB and what that build's API answered for each object:
-//! `preshard` (layout 1, before shards) and `layout2` (sharded, a hash per Plan, written
-//! by 6afb7f3 with `layout2/capture.sh`). A host of this build refuses the old keyspace
-//! with a clear message; after the migration every object reads back as before, nothing
-//! of the old layout is left, a second run changes nothing, and the migrated Plans fire.
+//! `preshard` (layout 1, before shards), `layout2` (sharded, a hash per Plan, written by
+//! 6afb7f3 with `layout2/capture.sh`) and `layout3` (a hash per Life, written by 8adc173
+//! with `layout3/capture.sh`). A host of this build refuses the old keyspace with a clear
+//! message; after the migration every object reads back as before, nothing of the old
+//! layout is left, a second run changes nothing, and the migrated Plans fire.
 
 use std::time::Duration;
 
@@ -45,7 +46,7 @@ async fn a_keyspace_written_before_shards_is_migrated_whole() {
 
     let out = migrate(&redis);
     assert!(
-        out.contains("migrated into 32 shards: 7 Lives, 2 timers, 2 queues with 3 tasks"),
+        out.contains("moved into 32 shards: 7 Lives, 2 timers, 2 queues with 3 tasks"),
         "{out}"
     );
     // Nothing of the old layout is left: every key is in a shard, the registry's slot,
@@ -171,7 +172,7 @@ fn includes(now: &Value, before: &Value) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_keyspace_with_a_hash_per_plan_is_folded_into_one_hash_per_life() {
+async fn a_keyspace_with_a_hash_per_plan_is_folded_into_records() {
     let redis = RedisServer::start_from_rdb(&fixtures_dir().join("layout2/dump.rdb"));
     let sink = Sink::start().await;
     let plan_keys = |redis: &RedisServer| -> Vec<String> {
@@ -200,13 +201,14 @@ async fn a_keyspace_with_a_hash_per_plan_is_folded_into_one_hash_per_life() {
 
     let out = migrate(&redis);
     assert!(
-        out.contains("folded the Plans of 7 Lives into their Lives' hashes (32 shards, layout 3)"),
+        out.contains("folded the Plans of 7 Lives into their Lives' hashes (layout 3)")
+            && out.contains("folded 7 Lives into compact records (32 shards, layout 4)"),
         "{out}"
     );
     assert_eq!(plan_keys(&redis), Vec::<String>::new());
     assert_eq!(
         redis.cli(&["HGET", "kairos:meta", "layout"]).trim(),
-        "\"3\""
+        "\"4\""
     );
     let again = migrate(&redis);
     assert!(again.contains("nothing to do"), "{again}");
@@ -292,4 +294,271 @@ async fn a_keyspace_with_a_hash_per_plan_is_folded_into_one_hash_per_life() {
         (409, Some("resource_conflict")),
         "{reply}"
     );
+}
+
+/// Keys of the shards that layout 3 had and layout 4 has not: Life hashes, the plain
+/// sorted sets set aside while folding, the fold's own markers.
+fn layout3_keys(redis: &RedisServer) -> Vec<String> {
+    redis
+        .cli(&["--scan", "--pattern", "kairos:{*}:*"])
+        .lines()
+        .map(|k| k.trim_matches('"').to_string())
+        .filter(|k| {
+            let rest = k.split_once("}:").map_or("", |(_, r)| r);
+            rest.starts_with("life:") || ["due3", "lives3", "finished3", "fold4"].contains(&rest)
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keyspace_with_a_hash_per_life_is_folded_into_records() {
+    let redis = RedisServer::start_from_rdb(&fixtures_dir().join("layout3/dump.rdb"));
+    let sink = Sink::start().await;
+    let lives: Vec<Value> = fixture_of("layout3", "lives.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lives.len(), 10, "the fixture's Lives");
+    let hashes = layout3_keys(&redis);
+    assert_eq!(hashes.len(), 10, "a hash per Life: {hashes:?}");
+
+    let (code, _, err) = kairos_command(&[
+        "serve",
+        "--redis-url",
+        &redis.url(),
+        "--listen",
+        &format!("127.0.0.1:{}", free_port()),
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("layout 3") && err.contains("kairos migrate"),
+        "{err}"
+    );
+
+    let out = migrate(&redis);
+    assert!(
+        out.contains("folded 10 Lives into compact records (32 shards, layout 4)"),
+        "{out}"
+    );
+    assert_eq!(layout3_keys(&redis), Vec::<String>::new());
+    let records = redis.cli(&["--scan", "--pattern", "kairos:{*}:r:*"]);
+    assert!(!records.trim().is_empty(), "no record buckets");
+    assert_eq!(
+        redis.cli(&["HGET", "kairos:meta", "layout"]).trim(),
+        "\"4\""
+    );
+    let again = migrate(&redis);
+    assert!(again.contains("nothing to do"), "{again}");
+
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--schedule-history-duration-days", "36500")]),
+    );
+    let api = Api::new(&host);
+    // Every Life reads back exactly as that build showed it: fields, Plans, history
+    // (a retried run, a callback's Life, a debounced Life among them).
+    for old in &lives {
+        let id = old["life"].as_str().unwrap();
+        let (status, view) = api.get(&format!("/schedules/{id}")).await;
+        assert_eq!(status, 200, "{id}: {view}");
+        assert_eq!(view, old["view"], "{id} reads back otherwise");
+    }
+    let (_, list) = api.get("/schedules?limit=100").await;
+    let old_list: Value = serde_json::from_str(&fixture_of("layout3", "list.json")).unwrap();
+    assert_eq!(list, old_list);
+    for (path, file) in [
+        ("/timers", "timers.json"),
+        ("/queues/mail/tasks", "mail-tasks.json"),
+    ] {
+        let (status, now) = api.get(path).await;
+        assert_eq!(status, 200, "{path}: {now}");
+        let before: Value = serde_json::from_str(&fixture_of("layout3", file)).unwrap();
+        assert!(
+            includes(&now, &before),
+            "{path} reads back otherwise:\nnow {now:#}\nbefore {before:#}"
+        );
+    }
+
+    // The debounce key's folded Life takes a third booking while its window is open (30
+    // days from the capture); once it has passed, that Life fires and a booking opens a
+    // new window.
+    let window = lives
+        .iter()
+        .find(|l| l["view"]["debounce"]["key"] == "sync-42")
+        .expect("the fixture's debounced Life");
+    let open = window["view"]["birth_time_ms"].as_i64().unwrap() > now_ms() + 10_000;
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &json!({"birth": {"path": "/sync", "method": "POST", "body": {"n": 3}},
+                    "debounce": {"key": "sync-42", "period": "1h", "max_wait": "2h"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(
+        reply["debounced"].as_bool().unwrap_or(false),
+        open,
+        "window open: {open}; {reply}"
+    );
+    assert_eq!(reply["life_uuid"] == window["life"], open, "{reply}");
+    // The folded Plans are live: a pending point moved to now fires once; an Alive term
+    // cancelled runs its death now, to the path booked for it.
+    let soon = now_ms() + 1_500;
+    let (status, reply) = api
+        .patch(
+            "/schedules/pend-res",
+            &json!({"birth_time": rfc3339_ms(soon)}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let (status, reply) = api.delete("/schedules/alive-term").await;
+    assert_eq!(status, 200, "{reply}");
+    sink.wait_until(
+        "pend-res's birth and alive-term's death",
+        Duration::from_secs(10),
+        |got| {
+            ["pend-res", "alive-term"]
+                .iter()
+                .all(|id| got.iter().any(|r| r.header("x-kairos-life") == Some(id)))
+        },
+    )
+    .await;
+    let dead = api
+        .wait_life("alive-term", Duration::from_secs(5), |l| {
+            l["state"] == "Dead"
+        })
+        .await;
+    assert_eq!(dead["plans"][1]["state"], "Done", "{dead:#}");
+    assert_eq!(history(&dead).len(), 2, "{dead:#}");
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &json!({"life_uuid": "clash", "schedule_type": "term", "resource_id": "conn-2",
+                    "birth_time": "2030-06-01 10:30:00", "death_time": "2030-06-01 11:00:00",
+                    "birth": {"path": "/x", "method": "POST"}, "death": {"path": "/y", "method": "POST"}}),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (409, Some("resource_conflict")),
+        "{reply}"
+    );
+}
+
+/// A migration from layout 3 killed half-way (kill -9) is finished by running it again:
+/// every Life is there once, as a record, and reads back as it was. The keyspace is the
+/// layout-3 fixture with 20,000 copies of its pending point `pend-point`, each written
+/// as that build wrote a Life (its hash, its `due` and `lives` entries, its census count)
+/// in its id's home shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fold_killed_half_way_is_finished_by_running_it_again() {
+    let redis = RedisServer::start_from_rdb(&fixtures_dir().join("layout3/dump.rdb"));
+    let sink = Sink::start().await;
+    let ks = redis.keyspace().await;
+    let mut conn = redis.conn().await;
+    let template: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(ks.life("pend-point").key_of("life:pend-point"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(template["state"], "Inexistent", "{template:?}");
+    let birth: i64 = template["birth_at_ms"].parse().unwrap();
+    const COPIES: usize = 20_000;
+    for chunk in (0..COPIES).collect::<Vec<_>>().chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for i in chunk {
+            let id = format!("copy-{i:05}");
+            let k = ks.life(&id);
+            let fields: Vec<(&String, &String)> = template.iter().collect();
+            pipe.cmd("HSET")
+                .arg(k.key_of(&format!("life:{id}")))
+                .arg(fields)
+                .ignore();
+            pipe.cmd("ZADD")
+                .arg(k.due())
+                .arg(birth)
+                .arg(format!("{id}:birth"))
+                .ignore();
+            pipe.cmd("ZADD")
+                .arg(k.lives())
+                .arg(0)
+                .arg(format!("{birth:013}:{id}"))
+                .ignore();
+            pipe.cmd("HINCRBY")
+                .arg(k.census())
+                .arg("Inexistent")
+                .arg(1)
+                .ignore();
+        }
+        let _: () = pipe.query_async(&mut conn).await.unwrap();
+    }
+
+    let mut first = std::process::Command::new(kairos_bin())
+        .args(["migrate", "--redis-url", &redis.url()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Kill it once it has folded some Lives, and well before it is done.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        assert!(std::time::Instant::now() < deadline, "the fold never began");
+        assert!(
+            first.try_wait().unwrap().is_none(),
+            "the fold ended before the kill"
+        );
+        let left = layout3_keys(&redis).len();
+        if left < COPIES * 3 / 4 {
+            assert!(left > 0, "the fold ended before the kill");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(
+        redis.cli(&["HGET", "kairos:meta", "layout"]).trim(),
+        "\"3\"",
+        "cut off before the end"
+    );
+
+    let out = migrate(&redis);
+    assert!(
+        out.contains("compact records (32 shards, layout 4)"),
+        "{out}"
+    );
+    assert_eq!(layout3_keys(&redis), Vec::<String>::new());
+    let host = Host::start(
+        &redis.url(),
+        &flags(&sink, &[("--schedule-history-duration-days", "36500")]),
+    );
+    let api = Api::new(&host);
+    assert_eq!(
+        redis.count_all("lives").await,
+        (COPIES + 10) as i64,
+        "every Life once"
+    );
+    assert_eq!(
+        redis.count_all("due").await,
+        // The copies, and the fixture's three pending births, its debounced one, its
+        // Alive term's death and its timer.
+        (COPIES + 6) as i64
+    );
+    let (_, metrics) = api.text("/metrics").await;
+    let inexistent = metrics
+        .lines()
+        .find(|l| l.starts_with("kairos_lives{state=\"Inexistent\"}"))
+        .unwrap_or_else(|| panic!("{metrics}"));
+    assert!(
+        inexistent.ends_with(&format!(" {}", COPIES + 4)),
+        "{inexistent}"
+    );
+    let (_, template_view) = api.get("/schedules/pend-point").await;
+    for i in [0, 7_777, COPIES - 1] {
+        let id = format!("copy-{i:05}");
+        let (status, mut view) = api.get(&format!("/schedules/{id}")).await;
+        assert_eq!(status, 200, "{id}: {view}");
+        view["life_uuid"] = template_view["life_uuid"].clone();
+        assert_eq!(view, template_view, "{id} reads back otherwise");
+    }
 }

@@ -17,20 +17,6 @@ use sha2::Sha256;
 // Helpers
 // ---------------------------------------------------------------------------------------
 
-fn lives_member(birth_ms: i64, id: &str) -> String {
-    format!("{birth_ms:013}:{id}")
-}
-
-async fn exists(redis: &RedisServer, key: &str) -> bool {
-    let mut conn = redis.conn().await;
-    let n: i64 = redis::cmd("EXISTS")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .expect("EXISTS answers");
-    n == 1
-}
-
 async fn zscore(redis: &RedisServer, key: &str, member: &str) -> Option<String> {
     let mut conn = redis.conn().await;
     redis::cmd("ZSCORE")
@@ -72,20 +58,21 @@ async fn traces(
 ) -> Vec<(String, bool)> {
     let k = shard_of(redis, id, resource).await;
     let mut out = vec![
-        (k.life(id), exists(redis, &k.life(id)).await),
+        (
+            format!("{id}'s record"),
+            redis.life_record(&k, id).await.is_some(),
+        ),
         (
             format!("{id}'s birth Plan"),
             redis.plan_exists(&k, &format!("{id}:birth")).await,
         ),
         (
-            format!("lives member {}", lives_member(birth_ms, id)),
-            zscore(redis, &k.lives(), &lives_member(birth_ms, id))
-                .await
-                .is_some(),
+            format!("lives member {id} at {birth_ms}"),
+            redis.tree_score(&k.lives(), id).await == Some(birth_ms),
         ),
         (
             format!("finished member {id}"),
-            zscore(redis, &k.finished(), id).await.is_some(),
+            redis.finished_at(&k, id).await.is_some(),
         ),
     ];
     if let Some(rid) = resource {
@@ -315,10 +302,12 @@ async fn finished_lives_are_swept_after_retention_with_all_their_keys() {
         }
         let k = shard_of(&redis, id, Some(rid)).await;
         assert!(!redis.plan_exists(&k, &format!("{id}:death")).await);
-        assert!(zscore(&redis, &k.due(), &format!("{id}:birth"))
+        assert!(redis
+            .tree_score(&k.due(), &format!("{id}:birth"))
             .await
             .is_none());
-        assert!(zscore(&redis, &k.due(), &format!("{id}:death"))
+        assert!(redis
+            .tree_score(&k.due(), &format!("{id}:death"))
             .await
             .is_none());
         let left = keys_matching(&redis, &format!("kairos:*{id}*")).await;
@@ -345,13 +334,13 @@ async fn finished_lives_are_swept_after_retention_with_all_their_keys() {
         );
     }
     assert_eq!(
-        zscore(
-            &redis,
-            &shard_of(&redis, keep, Some("res-keep")).await.due(),
-            &format!("{keep}:birth")
-        )
-        .await,
-        Some(keep_ms.to_string()),
+        redis
+            .tree_score(
+                &shard_of(&redis, keep, Some("res-keep")).await.due(),
+                &format!("{keep}:birth")
+            )
+            .await,
+        Some(keep_ms),
         "the pending Plan is still due"
     );
 }
@@ -500,7 +489,7 @@ async fn back_pressure_bounds_claims_and_drops_nothing() {
     );
     let api = Api::new(&host);
     let ks = redis.keyspace().await;
-    let held_keys = ks.every("held");
+    let inflight_keys: Vec<String> = ks.shards().iter().map(|k| k.inflight()).collect();
     let due_keys = ks.every("due");
 
     // Sample the held sets and the due sets from before the first booking to the end.
@@ -516,7 +505,7 @@ async fn back_pressure_bounds_claims_and_drops_nothing() {
             samples.clone(),
         );
         let url = redis.url();
-        let (held_keys, due_keys) = (held_keys.clone(), due_keys.clone());
+        let (inflight_keys, due_keys) = (inflight_keys.clone(), due_keys.clone());
         tokio::spawn(async move {
             let mut conn = redis::Client::open(url)
                 .unwrap()
@@ -524,13 +513,21 @@ async fn back_pressure_bounds_claims_and_drops_nothing() {
                 .await
                 .unwrap();
             while !stop.load(Ordering::Acquire) {
+                // Lives' Plans held are in the shards' `inflight` hashes; those waiting,
+                // in the `due` trees.
                 let mut pipe = redis::pipe();
-                for key in held_keys.iter().chain(&due_keys) {
-                    pipe.cmd("ZCARD").arg(key);
+                for key in &inflight_keys {
+                    pipe.cmd("HLEN").arg(key);
                 }
                 let counts: Vec<i64> = pipe.query_async(&mut conn).await.unwrap();
-                let (held, due) = counts.split_at(held_keys.len());
-                let (held, due): (i64, i64) = (held.iter().sum(), due.iter().sum());
+                let held: i64 = counts.iter().sum();
+                let mut due = 0;
+                for key in &due_keys {
+                    due += kairos::store::inspect::tree_members(&mut conn, key)
+                        .await
+                        .unwrap()
+                        .len() as i64;
+                }
                 max_held.fetch_max(held, Ordering::AcqRel);
                 max_due.fetch_max(due, Ordering::AcqRel);
                 samples.fetch_add(1, Ordering::AcqRel);
@@ -597,8 +594,8 @@ async fn back_pressure_bounds_claims_and_drops_nothing() {
         "with at most 3 claimed, at least 9 of 12 wait in the due set (saw {max_due})"
     );
     assert_eq!(sink.max_concurrent(""), 1, "one worker: one call at a time");
-    assert_eq!(redis.zcard_all("held").await, 0, "nothing held at the end");
-    assert_eq!(redis.zcard_all("due").await, 0, "nothing due at the end");
+    assert_eq!(redis.count_all("held").await, 0, "nothing held at the end");
+    assert_eq!(redis.count_all("due").await, 0, "nothing due at the end");
 }
 
 // ---------------------------------------------------------------------------------------
@@ -699,7 +696,7 @@ async fn patch_moves_a_claimed_plan_to_its_new_time() {
         "exactly one call: {:?}",
         sink.received()
     );
-    assert_eq!(redis.zcard_all("held").await, 0, "nothing left held");
+    assert_eq!(redis.count_all("held").await, 0, "nothing left held");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -708,7 +705,7 @@ async fn delete_of_a_claimed_plan_never_fires() {
     let sink = Sink::start().await;
     let host = Host::start(&redis.url(), &flags(&sink, &[]));
     let api = Api::new(&host);
-    let held_key = redis.keyspace().await.life("dropped").held();
+    let shard = redis.keyspace().await.life("dropped").clone();
 
     let id = "dropped";
     let at = book_and_wait_preset(&api, id, 2000).await;
@@ -719,7 +716,8 @@ async fn delete_of_a_claimed_plan_never_fires() {
     assert_eq!(status, 200, "DELETE of a Preset Plan: {reply:#}");
     assert_eq!(reply["state"], "Stillbirth", "{reply:#}");
     assert!(
-        zscore(&redis, &held_key, &format!("{id}:birth"))
+        redis
+            .plan_field(&shard, &format!("{id}:birth"), "claims")
             .await
             .is_none(),
         "a cancelled Plan is no longer held"
@@ -749,7 +747,7 @@ async fn delete_of_a_claimed_plan_never_fires() {
     assert!(history(&life).is_empty(), "nothing ran: {life:#}");
     api.wait_life("neighbour", Duration::from_secs(3), |l| state(l) == "Dead")
         .await;
-    assert_eq!(redis.zcard_all("held").await, 0, "nothing left held");
+    assert_eq!(redis.count_all("held").await, 0, "nothing left held");
 }
 
 /// `kairos export-runs` prints every run the shards' `runs` streams hold as JSON lines

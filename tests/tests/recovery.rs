@@ -52,35 +52,20 @@ async fn a_live_host_hands_back_plans_it_holds_but_lost_track_of() {
         }
     }
     let past = now_ms() - 6_000;
-    for (id, state) in [("orphan-preset", "Preset"), ("orphan-running", "Running")] {
+    for (id, entry) in [
+        ("orphan-preset", format!("7|{past}|{}", host.host_id)),
+        (
+            "orphan-running",
+            format!("7|{past}|{}|{past}|1", host.host_id),
+        ),
+    ] {
+        // Layout 4: a Plan claimed or running is out of the due tree and in the shard's
+        // `inflight` hash (`{claim}|{fire}|{host}[|{started}|{attempt}]`).
         let k = ks.life(id);
         let plan = format!("{id}:birth");
-        let _: () = conn.zrem(k.due(), &plan).await.unwrap();
-        let _: () = redis::cmd("HSET")
-            .arg(k.life(id))
-            .arg(&[
-                "b.state",
-                state,
-                "b.lease_owner",
-                &host.host_id,
-                "b.claims",
-                "7",
-                "b.fire_at_ms",
-                &past.to_string(),
-            ])
-            .query_async(&mut conn)
-            .await
-            .unwrap();
-        let _: () = conn.zadd(k.held(), &plan, past).await.unwrap();
+        assert!(redis.tree_remove(&k.due(), &plan).await, "{plan} was due");
+        let _: () = conn.hset(k.inflight(), &plan, entry).await.unwrap();
     }
-    let _: () = conn
-        .hset(
-            ks.life("orphan-running").life("orphan-running"),
-            "b.attempts",
-            1,
-        )
-        .await
-        .unwrap();
 
     // The audit (every second: what this host holds in Redis and does not track) hands
     // both back; they are claimed again and fire once each.
@@ -113,7 +98,7 @@ async fn a_live_host_hands_back_plans_it_holds_but_lost_track_of() {
             assert_eq!(interrupted[0]["host"], host.host_id.as_str());
         }
     }
-    assert_eq!(redis.zcard_all("held").await, 0);
+    assert_eq!(redis.count_all("held").await, 0);
     assert!(host
         .log_text()
         .contains("handed back held Plans this host no longer tracked"));

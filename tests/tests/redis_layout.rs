@@ -1,11 +1,37 @@
 //! Replays the redis-cli session of `docs/redis-layout.md` against a real redis-server
 //! and kairos host: every `$ command` in a `console` block of its "A session to follow"
 //! section runs (curl against the host, redis-cli against the test's Redis) and its
-//! output must equal the lines the doc shows.
+//! output must equal the lines the doc shows, where `<now>` stands for any time (epoch
+//! ms) within the last minute.
 
 use std::process::Command;
 
 use kairos_e2e::{fast_flags, flags_with, kairos_bin, Host, RedisServer};
+
+/// `text` with every 13-digit number that is a time within the last minute (epoch ms)
+/// written `<now>`.
+fn now_as_placeholder(text: &str) -> String {
+    let now = kairos_e2e::now_ms();
+    let bytes = text.as_bytes();
+    let mut out = String::new();
+    let mut i = 0;
+    while i < bytes.len() {
+        let run = bytes[i..].iter().take_while(|b| b.is_ascii_digit()).count();
+        if run == 0 {
+            let c = text[i..].chars().next().unwrap();
+            out.push(c);
+            i += c.len_utf8();
+            continue;
+        }
+        let digits = &text[i..i + run];
+        match digits.parse::<i64>() {
+            Ok(ms) if run == 13 && (now - 60_000..=now).contains(&ms) => out.push_str("<now>"),
+            _ => out.push_str(digits),
+        }
+        i += run;
+    }
+    out
+}
 
 /// (command, expected output lines) in document order.
 fn session(doc: &str) -> Vec<(String, Vec<String>)> {
@@ -73,7 +99,7 @@ fn the_documented_session_is_what_redis_shows() {
             "`{cmd}` failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stdout = now_as_placeholder(&String::from_utf8_lossy(&out.stdout));
         let got: Vec<&str> = stdout.lines().collect();
         assert_eq!(
             got, expected,

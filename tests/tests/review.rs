@@ -13,36 +13,6 @@ fn is_plan(kind: &'static str) -> impl Fn(&Received) -> bool {
     move |r: &Received| r.header("x-kairos-plan") == Some(kind)
 }
 
-async fn exists(redis: &RedisServer, key: &str) -> bool {
-    let mut conn = redis.conn().await;
-    let n: i64 = redis::cmd("EXISTS")
-        .arg(key)
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    n == 1
-}
-
-async fn zscore(redis: &RedisServer, key: &str, member: &str) -> Option<String> {
-    let mut conn = redis.conn().await;
-    redis::cmd("ZSCORE")
-        .arg(key)
-        .arg(member)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
-}
-
-async fn hget(redis: &RedisServer, key: &str, field: &str) -> Option<String> {
-    let mut conn = redis.conn().await;
-    redis::cmd("HGET")
-        .arg(key)
-        .arg(field)
-        .query_async(&mut conn)
-        .await
-        .unwrap()
-}
-
 fn retrying_hook(tag: &str, retry_count: u32, retry_interval_s: f64) -> Value {
     json!({
         "path": "/hook", "method": "POST", "body": {"tag": tag},
@@ -91,7 +61,7 @@ async fn force_delete_during_a_term_birth_is_not_undone_by_the_birth_finishing()
         .count();
     assert_eq!(deaths, 1, "{life:#}");
     let k = redis.keyspace().await.resource("res-force-term").clone();
-    assert!(zscore(&redis, &k.finished(), id).await.is_some());
+    assert!(redis.finished_at(&k, id).await.is_some());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -374,23 +344,35 @@ async fn a_run_ending_after_its_life_was_swept_leaves_no_zombie() {
     // A Life is never finished while its Plan runs, so the sweep cannot reach it here; a
     // host that lost the Plan (stalled past its lease) can still finish a run after the
     // Life is gone. Remove the Life's keys as the sweep would, while the call is under way.
-    let mut conn = redis.conn().await;
     let k = redis.keyspace().await.life(id).clone();
-    let _: () = redis::cmd("DEL")
-        .arg(k.life(id))
-        .query_async(&mut conn)
+    let n: Option<u64> = redis::cmd("GET")
+        .arg(k.record_count())
+        .query_async(&mut redis.conn().await)
         .await
         .unwrap();
+    let bucket =
+        kairos::store::inspect::bucket_index(kairos::store::inspect::id_hash(id), n.unwrap_or(1));
+    let deleted: i64 = redis::cmd("HDEL")
+        .arg(k.records(bucket))
+        .arg(id)
+        .query_async(&mut redis.conn().await)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "the record was where layout 4 puts it");
     // The call returns (3.5 s after it started) and its outcome is recorded.
     tokio::time::sleep(Duration::from_millis(3000)).await;
-    let key = k.life(id);
-    let zombie = exists(&redis, &key).await;
+    let zombie = redis.life_record(&k, id).await;
     let (status, view) = api.get(&format!("/schedules/{id}")).await;
     assert!(
-        !zombie,
-        "a swept Life came back as a bare hash (state {:?}, finished: {:?}); GET answers {status}: {view:#}",
-        hget(&redis, &key, "state").await,
-        zscore(&redis, &k.finished(), id).await,
+        zombie.is_none(),
+        "a swept Life came back (record {:?}, finished: {:?}); GET answers {status}: {view:#}",
+        zombie.map(|z| z.0),
+        redis.finished_at(&k, id).await,
+    );
+    assert_eq!(
+        redis.plan_field(&k, &format!("{id}:birth"), "claims").await,
+        None,
+        "nothing of it is left in flight"
     );
 }
 
@@ -443,9 +425,11 @@ async fn guard_a_plan_waiting_for_its_resource_runs_once_when_it_frees() {
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(sink.received_for(id).len(), 1, "{life:#}");
+    // The run that ended it marks the record with its host and claim.
+    let (record, _) = redis.life_record(&k, id).await.unwrap();
     assert_eq!(
-        redis.plan_field(&k, &format!("{id}:birth"), "claims").await,
-        Some(claims_while_waiting),
+        record.done_by,
+        Some(format!("{}#{claims_while_waiting}", host.host_id)),
         "the waiting Plan stayed with its host under one claim"
     );
     assert_eq!(
@@ -495,12 +479,12 @@ async fn guard_delete_during_a_death_retry_wait_runs_the_death_now() {
         .await;
     assert_eq!(plan(&life, "death")["attempts"], 2, "{life:#}");
     assert_eq!(
-        zscore(
-            &redis,
-            &redis.keyspace().await.life(id).due(),
-            &format!("{id}:death")
-        )
-        .await,
+        redis
+            .tree_score(
+                &redis.keyspace().await.life(id).due(),
+                &format!("{id}:death")
+            )
+            .await,
         None
     );
 }

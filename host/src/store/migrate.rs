@@ -37,11 +37,50 @@ pub struct MigrateReport {
     pub tasks: u64,
     pub tombstones: u64,
     pub registry_keys: u64,
+    /// Layout 3 to 4: the Lives folded into records (every migration ends with it).
+    pub records: u64,
     /// Plans a host of the old version still held, handed back.
     pub handed_back: u64,
     pub shards: u32,
     /// False when the keyspace was in this version's layout already.
     pub migrated: bool,
+}
+
+impl MigrateReport {
+    /// What `kairos migrate` prints.
+    pub fn summary(&self) -> Vec<String> {
+        let mut lines = Vec::new();
+        if !self.migrated {
+            lines.push(format!(
+                "the keyspace is in this version's layout already ({} shards); nothing to do",
+                self.shards
+            ));
+            return lines;
+        }
+        if self.lives + self.timers + self.queues + self.tasks + self.registry_keys > 0 {
+            lines.push(format!(
+                "moved into {} shards: {} Lives, {} timers, {} queues with {} tasks, {} tombstones, {} plugin registry keys",
+                self.shards,
+                self.lives,
+                self.timers,
+                self.queues,
+                self.tasks,
+                self.tombstones,
+                self.registry_keys
+            ));
+        }
+        if self.folded_lives > 0 {
+            lines.push(format!(
+                "folded the Plans of {} Lives into their Lives' hashes (layout 3)",
+                self.folded_lives
+            ));
+        }
+        lines.push(format!(
+            "folded {} Lives into compact records ({} shards, layout {LAYOUT}); {} Plans a stopped host still held went back to their due sets",
+            self.records, self.shards, self.handed_back
+        ));
+        lines
+    }
 }
 
 /// Migrates the keyspace under `key_prefix` at `url` into `shards` shards (default 32).
@@ -67,7 +106,7 @@ pub async fn migrate(
         .await
         .map_err(|e| e.to_string())?;
     match meta {
-        (Some(2), Some(count)) => {
+        (Some(layout @ (2 | 3)), Some(count)) => {
             if !force {
                 no_live_hosts(&keys, &mut c).await?;
             }
@@ -88,16 +127,15 @@ pub async fn migrate(
                     ..Default::default()
                 },
             };
-            m.fold_plans()
-                .await
-                .map_err(|e| format!("migration stopped: {e}; run it again to go on"))?;
-            let _: () = redis::cmd("HSET")
-                .arg(keys.meta())
-                .arg("layout")
-                .arg(LAYOUT)
-                .query_async(&mut c)
-                .await
-                .map_err(|e| e.to_string())?;
+            if layout == 2 {
+                m.fold_plans()
+                    .await
+                    .map_err(|e| format!("migration stopped: {e}; run it again to go on"))?;
+                set_layout(&keys, &mut c, 3).await?;
+            }
+            m.fold_records().await?;
+            set_layout(&keys, &mut c, LAYOUT).await?;
+            m.drop_fold_markers().await?;
             return Ok(m.report);
         }
         (None, None) => {}
@@ -141,22 +179,39 @@ pub async fn migrate(
     m.run()
         .await
         .map_err(|e| format!("migration stopped: {e}; run it again to go on"))?;
+    // Layout 1 moves into layout 3's shapes (`scripts/migrate.lua`), which are then
+    // folded into records: the meta says 3 in between, so that a run cut off goes on
+    // from there.
     let (layout, recorded): (Option<u32>, Option<u32>) = scripts
         .meta_init
         .key(keys.meta())
         .arg(&keys.prefix)
-        .arg(LAYOUT)
+        .arg(3)
         .arg(count)
         .arg(chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
         .invoke_async(&mut store.conn())
         .await
         .map_err(|e| e.to_string())?;
-    if layout != Some(LAYOUT) || recorded != Some(count) {
+    if layout != Some(3) || recorded != Some(count) {
         return Err(format!(
             "the keyspace's meta says layout {layout:?} with {recorded:?} shards"
         ));
     }
+    m.fold_records().await?;
+    set_layout(&keys, &mut c, LAYOUT).await?;
+    m.drop_fold_markers().await?;
     Ok(m.report)
+}
+
+/// Records the keyspace's layout.
+async fn set_layout(keys: &Keys, conn: &mut Conn, layout: u32) -> Result<(), String> {
+    redis::cmd("HSET")
+        .arg(keys.meta())
+        .arg("layout")
+        .arg(layout)
+        .query_async::<()>(conn)
+        .await
+        .map_err(|e| e.to_string())
 }
 
 /// Refuses while a host of the earlier version is alive (listed in `hosts`).
@@ -240,6 +295,26 @@ impl Migration<'_> {
             }
             cursor = next;
         }
+    }
+
+    /// Layout 3 to 4 (`migrate4.rs`), then the shards' fold markers go.
+    async fn fold_records(&mut self) -> Result<(), String> {
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let (records, handed) = self
+            .store
+            .fold_records(now_ms)
+            .await
+            .map_err(|e| format!("migration stopped: {e}; run it again to go on"))?;
+        self.report.records = records;
+        self.report.handed_back += handed;
+        Ok(())
+    }
+
+    async fn drop_fold_markers(&self) -> Result<(), String> {
+        self.store
+            .drop_fold_markers()
+            .await
+            .map_err(|e| format!("the keyspace is in layout 4, but the shards' `fold4` markers are left ({e}): they are harmless, DEL them by hand"))
     }
 
     async fn held_before(&self) -> RedisResult<i64> {

@@ -31,41 +31,55 @@
 //! when each live host is known alive), and the plugin registry under `{plugins}`.
 
 mod conn;
+mod firing;
 mod idempotency;
+pub mod inspect;
+mod life_changes;
+mod life_sweep;
+mod life_views;
+pub mod lifecycle;
 mod lives;
 mod memory;
 pub mod migrate;
+mod migrate4;
 mod ownership;
 mod queues;
+pub mod record;
 mod replicas;
 pub mod runs;
 pub mod shards;
 mod slot_router;
+mod stats;
 mod timers;
 
 pub use conn::{Conn, Target, CLUSTER_SCHEME};
+pub use firing::{
+    run_record_json, Callback, ClaimReply, Claimed, FinishedRun, Owner, RunOutcome, RunRecord,
+    StartOutcome,
+};
 pub use idempotency::IdemBegin;
-pub use lives::{booked_view, CancelOutcome, IdemBooked, ListFilter};
+pub use life_changes::{CancelOutcome, Loaded};
+pub use life_views::booked_view;
+pub use lives::{IdemBooked, ListFilter};
 pub use memory::{Durability, MemoryState, RedisMemory, REFUSE_AT, SHED_AT};
 pub use ownership::{preferred_host, ShardOwner, Takeover};
 pub use queues::{LeasedTask, NewTask, NewTaskWork, QueueCounts, TaskAddRefusal};
 pub use shards::{Placement, ShardKeys};
+pub use stats::{ClusterStats, LIFE_STATES, PLUGIN_USERS_PAGE};
 pub use timers::{NextRun, TimerFinish, TimerPut, TimerSlot, TIMER_RUNS_KEPT};
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use chrono::{SecondsFormat, TimeZone};
 use chrono_tz::Tz;
-use redis::{AsyncCommands, Script};
-use serde_json::{json, Value};
+use redis::Script;
 
 use crate::error::ApiError;
-use crate::model::{PlanKind, RunOpts};
 
 /// The layout this code reads and writes (`meta.layout`): 1 had no shards, 2 a hash per
-/// Plan, 3 a Life's Plans folded into its hash.
-pub const LAYOUT: u32 = 3;
+/// Plan, 3 a Life's Plans folded into its hash, 4 a Life one compact record in a bucket,
+/// and the large sorted sets trees of small ones (docs/redis-layout.md).
+pub const LAYOUT: u32 = 4;
 /// Shards of a keyspace created without `--shards`.
 pub const DEFAULT_SHARDS: u32 = 32;
 /// Most shards a keyspace may have.
@@ -149,12 +163,19 @@ macro_rules! scripts {
         /// Every script, each with `common.lua` prepended.
         pub(crate) struct Scripts {
             $(pub(crate) $name: Script,)*
+            /// `kairos migrate` to layout 3 (from layouts 1 and 2), with the helpers
+            /// of that layout (`common3.lua`).
+            pub(crate) migrate: Script,
         }
 
         impl Scripts {
             fn load() -> Self {
                 Scripts {
                     $($name: script(include_str!(concat!("scripts/", stringify!($name), ".lua"))),)*
+                    migrate: Script::new(&script_with(
+                        include_str!("scripts/common3.lua"),
+                        include_str!("scripts/migrate.lua"),
+                    )),
                 }
             }
         }
@@ -164,14 +185,21 @@ macro_rules! scripts {
 scripts!(
     book,
     debounce,
-    patch,
-    cancel,
+    life_apply,
+    life_load,
+    records_get,
+    lives_page,
     pointer,
     claim,
     start_run,
-    finish_run,
+    finish_life,
     release,
+    inflight_scan,
+    fold4,
     sweep,
+    finished_excess,
+    shard_stats,
+    shard_first,
     timer_put,
     timer_run,
     timer_delete,
@@ -191,7 +219,6 @@ scripts!(
     shard_release,
     plugin_users,
     meta_init,
-    migrate,
     idem_begin,
     idem_finish,
     book_idem,
@@ -206,139 +233,20 @@ fn script(body: &str) -> Script {
 }
 
 fn script_text(body: &str) -> String {
-    let common = include_str!("scripts/common.lua");
+    let common = concat!(
+        include_str!("scripts/record_bucket.lua"),
+        include_str!("scripts/common.lua")
+    );
+    script_with(common, body)
+}
+
+fn script_with(common: &str, body: &str) -> String {
     match body.strip_prefix("#!lua") {
         Some(rest) => {
             let (flags, rest) = rest.split_once('\n').unwrap_or((rest, ""));
             format!("#!lua{flags}\n{common}\n{rest}")
         }
         None => format!("{common}\n{body}"),
-    }
-}
-
-/// A Plan claimed into a host's memory, with what is needed to fire it.
-#[derive(Debug, Clone)]
-pub struct Claimed {
-    pub plan_id: String,
-    /// The shard the Plan is in.
-    pub shard: u32,
-    pub fire_at_ms: i64,
-    /// Fencing token: the Plan's claim counter when this host claimed it.
-    pub claim: String,
-    pub action: String,
-    pub attempts: u32,
-    pub resource_id: Option<String>,
-    /// A timer's priority, retries and timeout (default for Lives and tasks).
-    pub opts: RunOpts,
-}
-
-/// Whose Plan a claimed Plan is, from its id.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Owner<'a> {
-    /// `{uuid}:{birth|death}`.
-    Life(&'a str, PlanKind),
-    /// `{name}:timer`.
-    Timer(&'a str),
-    /// `{queue}/{task}:task`.
-    Task { queue: &'a str, task: &'a str },
-}
-
-impl Claimed {
-    /// The Life and kind encoded in the plan id `{uuid}:{kind}`.
-    pub fn life_and_kind(&self) -> Option<(&str, PlanKind)> {
-        let (uuid, kind) = self.plan_id.rsplit_once(':')?;
-        Some((uuid, kind.parse().ok()?))
-    }
-
-    /// Whose Plan this is.
-    pub fn owner(&self) -> Option<Owner<'_>> {
-        let (head, kind) = self.plan_id.rsplit_once(':')?;
-        match kind {
-            "timer" => Some(Owner::Timer(head)),
-            "task" => {
-                let (queue, task) = head.split_once('/')?;
-                Some(Owner::Task { queue, task })
-            }
-            other => Some(Owner::Life(head, other.parse().ok()?)),
-        }
-    }
-}
-
-/// What `start_run` decided.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StartOutcome {
-    /// Run it; this is execution number `attempts`.
-    Run { attempts: u32 },
-    /// This host no longer holds the Plan: drop it.
-    Lost,
-    /// An earlier Plan of the same resource is unfinished: try again shortly.
-    Busy,
-    /// A birth missed by more than birth_delay_limit_time; recorded, nothing to run.
-    Invalidated,
-    /// A queue task its queue does not admit yet (paused, full, or out of tokens): it
-    /// waits in Redis (the queue's waiting set, or `due_tasks`); drop it.
-    Deferred,
-    /// A queue task whose first attempt missed its `expire_after`: recorded as Expired in
-    /// its queue's failed list, nothing to run.
-    Dropped,
-    /// This host's lease ran out: renew it, then try again (the Plan may have been taken
-    /// over meanwhile, which the next try finds out).
-    Expired,
-}
-
-/// How a run ended, as `finish_run` records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunOutcome {
-    Done,
-    Retry { next_ms: i64 },
-    Failed,
-}
-
-/// One run as written to the Life's history stream (the host is the batch's).
-#[derive(Debug, Clone)]
-pub struct RunRecord {
-    pub should_run_at_ms: i64,
-    pub started_at_ms: i64,
-    pub duration_ms: u64,
-    pub outcome: &'static str,
-    pub status: Option<u16>,
-    pub error: Option<String>,
-    pub attempt: u32,
-    /// What a plugin returned.
-    pub output: Option<Value>,
-    /// A plugin's log lines.
-    pub logs: Vec<String>,
-    /// The target's `Retry-After`, in ms, when it set the next attempt's time.
-    pub retry_after_ms: Option<u64>,
-}
-
-/// A run whose outcome is to be recorded.
-#[derive(Debug, Clone)]
-pub struct FinishedRun {
-    pub plan: Claimed,
-    pub outcome: RunOutcome,
-    pub record: RunRecord,
-    /// The callback to book with the outcome, when the run finished its Plan for good
-    /// and its action has one for that outcome.
-    pub callback: Option<Callback>,
-}
-
-/// A callback Life booked by a finish script (`book_callback` in `common.lua`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Callback {
-    /// A fresh id whose home is the shard of the finished Plan.
-    pub life_uuid: String,
-    /// The callback action, the outcome in its body or input.
-    pub action_json: String,
-}
-
-impl Callback {
-    /// The two script arguments of a run's callback: its id and action, or two ''.
-    pub(crate) fn args(callback: &Option<Callback>) -> (&str, &str) {
-        match callback {
-            Some(c) => (c.life_uuid.as_str(), c.action_json.as_str()),
-            None => ("", ""),
-        }
     }
 }
 
@@ -363,17 +271,11 @@ pub struct Store {
     acks: Arc<replicas::ReplicaAcks>,
 }
 
-/// Members of a shard's `plugin-lives:{name}` set (SSCAN's COUNT), or timers, one
-/// `plugin_users` call reads: a few hundred microseconds of Redis at a time.
-pub const PLUGIN_USERS_PAGE: usize = 1_000;
-/// The most pages `plugin_users` reads of a shard's Lives, or of its timers: ten million.
-const MAX_PLUGIN_USERS_PAGES: usize = 10_000;
-
 /// A Life's id as a number, to count each once in 16 bytes: a uuid as written by kairos
 /// (lowercase, with dashes) is its own number; any other id a client chose (up to 64
 /// letters, digits, `-`, `_`) is the first 16 bytes of its SHA-256, so that two ids that
 /// differ only in case or dashes stay two.
-fn life_id_number(id: &str) -> u128 {
+pub(crate) fn life_id_number(id: &str) -> u128 {
     let canonical = id.len() == 36
         && id.char_indices().all(|(i, c)| match i {
             8 | 13 | 18 | 23 => c == '-',
@@ -519,430 +421,6 @@ impl Store {
     fn fmt(&self, ms: i64) -> String {
         rfc3339(ms, self.timezone)
     }
-
-    /// Who uses one plugin across every shard: the number of unfinished Lives booked
-    /// with it, and the names of the timers whose action names it (for `GET` and
-    /// `DELETE /plugins/{name}`), read inside Redis: no timer is shipped to the host.
-    /// A shard's Lives, then its timers, are read a page of [`PLUGIN_USERS_PAGE`] at a
-    /// time, so that a plugin with very many Lives (or a shard with very many timers)
-    /// never holds Redis for long at once.
-    pub async fn plugin_users(&self, name: &str) -> Result<(u64, Vec<String>), ApiError> {
-        let counts = (0..self.shard_count()).map(|shard| {
-            let k = self.shard(shard);
-            let mut conn = self.conn();
-            async move {
-                // SSCAN may return a member twice (when the set is resized between two
-                // pages): each Life counts once.
-                let mut lives = std::collections::HashSet::new();
-                let mut timers = Vec::new();
-                for (what, first) in [("lives", "0"), ("timers", "-")] {
-                    let mut cursor = first.to_string();
-                    // A pass ends when the cursor comes back '0'; the bound only guards
-                    // against a set that grows faster than it is read.
-                    for page in 0..=MAX_PLUGIN_USERS_PAGES {
-                        if page == MAX_PLUGIN_USERS_PAGES {
-                            tracing::warn!(
-                                plugin = name,
-                                shard,
-                                what,
-                                "stopped reading a plugin's users after {MAX_PLUGIN_USERS_PAGES} pages; the count is a lower bound"
-                            );
-                            break;
-                        }
-                        let (next, found): (String, Vec<String>) = self
-                            .scripts
-                            .plugin_users
-                            .key(k.plugin_lives(name))
-                            .key(k.timers())
-                            .arg(&k.prefix)
-                            .arg(name)
-                            .arg(what)
-                            .arg(&cursor)
-                            .arg(PLUGIN_USERS_PAGE)
-                            .invoke_async(&mut conn)
-                            .await?;
-                        if what == "lives" {
-                            lives.extend(found.iter().map(|id| life_id_number(id)));
-                        } else {
-                            timers.extend(found);
-                        }
-                        if next == "0" {
-                            break;
-                        }
-                        cursor = next;
-                    }
-                }
-                Ok::<_, redis::RedisError>((lives.len() as u64, timers))
-            }
-        });
-        let mut lives = 0;
-        let mut timers = Vec::new();
-        for (n, names) in futures_util::future::try_join_all(counts).await? {
-            lives += n;
-            timers.extend(names);
-        }
-        timers.sort();
-        Ok((lives, timers))
-    }
-
-    // ---- firing engine ----
-
-    /// Claims up to `limit` Plans of `shard` due before `until_ms` (queue tasks: before
-    /// `tasks_until_ms`) for `host` under generation `gen`.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn claim(
-        &self,
-        shard: u32,
-        host: &str,
-        gen: u64,
-        until_ms: i64,
-        limit: usize,
-        tasks_until_ms: i64,
-        task_limit: usize,
-    ) -> redis::RedisResult<ClaimReply> {
-        let k = self.shard(shard);
-        type Row = (String, String, String, String, String, String, String);
-        let (word, rows, next_task): (String, Vec<Row>, String) = self
-            .scripts
-            .claim
-            .key(k.due())
-            .key(k.held())
-            .key(k.owner())
-            .key(k.due_tasks())
-            .key(k.claim_seq())
-            .arg(&k.prefix)
-            .arg(host)
-            .arg(gen)
-            .arg(until_ms)
-            .arg(limit)
-            .arg(tasks_until_ms)
-            .arg(task_limit)
-            .invoke_async(&mut self.conn())
-            .await?;
-        match word.as_str() {
-            "lost" => return Ok(ClaimReply::Lost),
-            "expired" => return Ok(ClaimReply::Expired),
-            _ => {}
-        }
-        let plans = rows
-            .into_iter()
-            .map(
-                |(plan_id, fire, claim, action, attempts, rid, opts)| Claimed {
-                    plan_id,
-                    shard,
-                    fire_at_ms: fire.parse::<f64>().map(|f| f as i64).unwrap_or(0),
-                    claim,
-                    action,
-                    attempts: attempts.parse().unwrap_or(0),
-                    resource_id: (!rid.is_empty()).then_some(rid),
-                    opts: if opts.is_empty() {
-                        RunOpts::default()
-                    } else {
-                        serde_json::from_str(&opts).unwrap_or_default()
-                    },
-                },
-            )
-            .collect();
-        Ok(ClaimReply::Claimed {
-            plans,
-            next_task_ms: next_task.parse::<f64>().ok().map(|f| f as i64),
-        })
-    }
-
-    /// Fencing check and Preset -> Running for a batch of one shard's Plans (see
-    /// `scripts/start_run.lua`); lateness and the lease are judged by Redis's clock.
-    pub async fn start_runs(
-        &self,
-        shard: u32,
-        host: &str,
-        gen: u64,
-        plans: &[&Claimed],
-        birth_delay_limit_ms: i64,
-    ) -> redis::RedisResult<Vec<StartOutcome>> {
-        let k = self.shard(shard);
-        let mut invocation = self.scripts.start_run.prepare_invoke();
-        invocation
-            .key(k.held())
-            .key(k.runs())
-            .key(k.owner())
-            .arg(&k.prefix)
-            .arg(host)
-            .arg(gen)
-            .arg(birth_delay_limit_ms)
-            .arg(self.runs_max_len);
-        for plan in plans {
-            invocation.arg(&plan.plan_id).arg(&plan.claim);
-        }
-        let reply: Vec<String> = invocation.invoke_async(&mut self.conn()).await?;
-        Ok(reply
-            .iter()
-            .map(|r| match r.as_str() {
-                "busy" => StartOutcome::Busy,
-                "invalidated" => StartOutcome::Invalidated,
-                "deferred" => StartOutcome::Deferred,
-                "dropped" => StartOutcome::Dropped,
-                "expired" => StartOutcome::Expired,
-                other => match other.strip_prefix("run:").and_then(|a| a.parse().ok()) {
-                    Some(attempts) => StartOutcome::Run { attempts },
-                    None => StartOutcome::Lost,
-                },
-            })
-            .collect())
-    }
-
-    /// Records a batch of one shard's runs and moves the state machines on (see
-    /// `scripts/finish_run.lua`). Returns per run whether this host still held the Plan.
-    pub async fn finish_runs(
-        &self,
-        shard: u32,
-        host: &str,
-        runs: &[FinishedRun],
-        now_ms: i64,
-        notify_before_ms: i64,
-    ) -> redis::RedisResult<Vec<bool>> {
-        let k = self.shard(shard);
-        let mut invocation = self.scripts.finish_run.prepare_invoke();
-        invocation
-            .key(k.held())
-            .key(k.due())
-            .key(k.runs())
-            .arg(&k.prefix)
-            .arg(host)
-            .arg(now_ms)
-            .arg(notify_before_ms)
-            .arg(self.runs_max_len);
-        for run in runs {
-            let (outcome, next_ms) = match run.outcome {
-                RunOutcome::Done => ("done", now_ms),
-                RunOutcome::Retry { next_ms } => ("retry", next_ms),
-                RunOutcome::Failed => ("failed", now_ms),
-            };
-            let r = &run.record;
-            let kind = run
-                .plan
-                .life_and_kind()
-                .map(|(_, k)| k.as_str())
-                .unwrap_or("birth");
-            let record = run_record_json(host, kind, r);
-            invocation
-                .arg(&run.plan.plan_id)
-                .arg(&run.plan.claim)
-                .arg(outcome)
-                .arg(next_ms)
-                .arg(r.status.map(|s| s.to_string()).unwrap_or_default())
-                .arg(r.error.as_deref().unwrap_or(""))
-                .arg(r.attempt)
-                .arg(r.outcome)
-                .arg(record.to_string());
-            let (callback, callback_action) = Callback::args(&run.callback);
-            invocation.arg(callback).arg(callback_action);
-        }
-        let reply: Vec<String> = invocation.invoke_async(&mut self.conn()).await?;
-        Ok(reply.iter().map(|r| r == "ok").collect())
-    }
-
-    /// Plans waiting in every shard's due sets (queue tasks included), and hosts alive at
-    /// `now_ms`.
-    /// The earliest fire time after `after_ms` (None: any) of a Plan not yet finished, in
-    /// every shard: waiting in `due` or `due_tasks`, or held (claimed or running).
-    pub async fn earliest_pending_ms(
-        &self,
-        after_ms: Option<i64>,
-    ) -> redis::RedisResult<Option<i64>> {
-        Ok(self
-            .earliest_pending_by_shard(after_ms)
-            .await?
-            .into_iter()
-            .map(|(_, at)| at)
-            .min())
-    }
-
-    /// [`earliest_pending_ms`](Self::earliest_pending_ms) of each shard that has one.
-    pub async fn earliest_pending_by_shard(
-        &self,
-        after_ms: Option<i64>,
-    ) -> redis::RedisResult<Vec<(u32, i64)>> {
-        let min = after_ms.map_or_else(|| "-inf".to_string(), |ms| format!("({ms}"));
-        let firsts = (0..self.shard_count()).map(|shard| {
-            let k = self.shard(shard);
-            let mut conn = self.conn();
-            let min = min.clone();
-            async move {
-                type First = Vec<(String, f64)>;
-                let mut pipe = redis::pipe();
-                for key in [k.due(), k.due_tasks(), k.held()] {
-                    pipe.zrangebyscore_limit_withscores(key, &min, "+inf", 0, 1);
-                }
-                pipe.query_async::<(First, First, First)>(&mut conn)
-                    .await
-                    .map(|sets| (shard, sets))
-            }
-        });
-        let mut earliest = Vec::new();
-        for (shard, (due, tasks, held)) in futures_util::future::try_join_all(firsts).await? {
-            let first = due
-                .into_iter()
-                .chain(tasks)
-                .chain(held)
-                .map(|(_, at)| at as i64)
-                .min();
-            if let Some(at) = first {
-                earliest.push((shard, at));
-            }
-        }
-        Ok(earliest)
-    }
-
-    pub async fn cluster_stats(&self, now_ms: i64) -> redis::RedisResult<ClusterStats> {
-        let counts = (0..self.shard_count()).map(|shard| {
-            let k = self.shard(shard);
-            let mut conn = self.conn();
-            async move {
-                redis::pipe()
-                    .zcard(k.due())
-                    .zcard(k.due_tasks())
-                    .zcard(k.finished())
-                    .zcount(k.due(), "-inf", now_ms)
-                    .zcount(k.due_tasks(), "-inf", now_ms)
-                    .zrange_withscores(k.due(), 0, 0)
-                    .hgetall(k.census())
-                    .query_async::<ShardCounts>(&mut conn)
-                    .await
-            }
-        });
-        let mut stats = ClusterStats::default();
-        let counts = futures_util::future::try_join_all(counts).await?;
-        for (shard, (due, tasks, finished, overdue, overdue_tasks, first, census)) in
-            counts.into_iter().enumerate()
-        {
-            let census = if census.contains_key("v") {
-                census
-            } else {
-                self.census_rebuild(shard as u32).await?
-            };
-            for (state, n) in census {
-                if let Some(i) = LIFE_STATES.iter().position(|s| *s == state) {
-                    stats.lives[i] += n;
-                }
-            }
-            stats.due += due + tasks;
-            stats.finished += finished;
-            stats.overdue += overdue;
-            stats.overdue_tasks += overdue_tasks;
-            if let Some((_, at)) = first.first() {
-                stats.oldest_overdue_ms = stats.oldest_overdue_ms.max(now_ms - *at as i64);
-            }
-        }
-        // Hosts announce themselves by the machine's clock, which the engine's clock
-        // (`--clock manual`) may be ahead of.
-        stats.hosts = redis::cmd("ZCOUNT")
-            .arg(self.keys.hosts())
-            .arg(chrono::Utc::now().timestamp_millis())
-            .arg("+inf")
-            .query_async(&mut self.conn())
-            .await?;
-        stats.failed_last_hour = self.failures_since(now_minute() - 59).await?;
-        Ok(stats)
-    }
-
-    /// Counts a shard's Lives per state afresh when its census is not marked yet (a
-    /// keyspace written before it), and answers the census.
-    async fn census_rebuild(&self, shard: u32) -> redis::RedisResult<HashMap<String, i64>> {
-        let k = self.shard(shard);
-        let mut conn = self.conn();
-        let _: i64 = self
-            .scripts
-            .census_rebuild
-            .key(k.census())
-            .arg(&k.prefix)
-            .invoke_async(&mut conn)
-            .await?;
-        conn.hgetall(k.census()).await
-    }
-
-    /// Counts a run that failed for good in the failures of the current minute, and
-    /// forgets minutes older than two hours (looked for once a minute, at its first
-    /// failure).
-    pub async fn count_failure(&self) -> redis::RedisResult<()> {
-        let key = self.keys.failures();
-        let minute = now_minute();
-        let mut conn = self.conn();
-        let n: i64 = conn.hincr(&key, minute, 1).await?;
-        if n == 1 {
-            let minutes: Vec<i64> = conn.hkeys(&key).await?;
-            let old: Vec<i64> = minutes.into_iter().filter(|m| *m < minute - 120).collect();
-            if !old.is_empty() {
-                let _: i64 = conn.hdel(&key, old).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Runs that failed for good since epoch minute `from` (all hosts).
-    pub async fn failures_since(&self, from: i64) -> redis::RedisResult<i64> {
-        let counts: HashMap<i64, i64> = self.conn().hgetall(self.keys.failures()).await?;
-        Ok(counts
-            .into_iter()
-            .filter(|(minute, _)| *minute >= from)
-            .map(|(_, n)| n)
-            .sum())
-    }
-}
-
-/// The current minute of the machine's clock, since the epoch.
-fn now_minute() -> i64 {
-    chrono::Utc::now().timestamp() / 60
-}
-
-/// What `cluster_stats` reads of one shard: due, due tasks, finished, overdue, overdue
-/// tasks, the first due Plan, the census.
-type ShardCounts = (
-    i64,
-    i64,
-    i64,
-    i64,
-    i64,
-    Vec<(String, f64)>,
-    HashMap<String, i64>,
-);
-
-/// The states of a Life (SPEC section 1), in the order `ClusterStats::lives` counts them.
-pub const LIFE_STATES: [&str; 5] = ["Inexistent", "Alive", "Dead", "Stillbirth", "Invalidated"];
-
-/// Counts over every shard, for metrics.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct ClusterStats {
-    /// Plans and tasks waiting to be claimed.
-    pub due: i64,
-    /// Finished Lives kept as history.
-    pub finished: i64,
-    /// Plans (of Lives and timers) past their fire time and not yet claimed.
-    pub overdue: i64,
-    /// Queue tasks that may run now and wait (for a host, their queue's rate or slots).
-    pub overdue_tasks: i64,
-    /// How long the oldest overdue Plan has waited (0: none).
-    pub oldest_overdue_ms: i64,
-    /// Hosts whose lease is current.
-    pub hosts: i64,
-    /// Lives per state, in the order of [`LIFE_STATES`].
-    pub lives: [i64; 5],
-    /// Runs that failed for good in the last hour (the current minute and the 59
-    /// before it), all hosts.
-    pub failed_last_hour: i64,
-}
-
-/// What a `claim` call got.
-#[derive(Debug)]
-pub enum ClaimReply {
-    Claimed {
-        plans: Vec<Claimed>,
-        /// When the shard's first task left in `due_tasks` is due.
-        next_task_ms: Option<i64>,
-    },
-    /// The shard is another host's now.
-    Lost,
-    /// This host's lease on the shard ran out: renew, then claim.
-    Expired,
 }
 
 /// Reads or creates the keyspace's `meta`; returns its number of shards.
@@ -985,9 +463,14 @@ async fn open_layout(
         .arg(chrono::Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true))
         .invoke_async(&mut conn)
         .await?;
-    if layout == Some(2) {
+    let earlier = match layout {
+        Some(2) => Some("layout 2, a hash per Plan"),
+        Some(3) => Some("layout 3, a hash per Life"),
+        _ => None,
+    };
+    if let Some(earlier) = earlier {
         return Err(OpenError::Layout(format!(
-            "the keyspace under `{}` was written by an earlier kairos (layout 2, a hash per Plan): stop its hosts, then run `kairos migrate` once to fold each Life's Plans into its hash (layout {LAYOUT})",
+            "the keyspace under `{}` was written by an earlier kairos ({earlier}): stop its hosts, then run `kairos migrate` once to fold each Life into one compact record (layout {LAYOUT})",
             keys.prefix
         )));
     }
@@ -1015,35 +498,6 @@ async fn open_layout(
     Ok(shards)
 }
 
-/// A run as written to history: the same JSON for Lives, timers and tasks.
-pub(crate) fn run_record_json(host: &str, plan: &str, r: &RunRecord) -> Value {
-    let mut record = json!({
-        "plan": plan,
-        "attempt": r.attempt,
-        "should_run_at": r.should_run_at_ms,
-        "started_at": r.started_at_ms,
-        "duration_ms": r.duration_ms,
-        "host": host,
-        "outcome": r.outcome,
-    });
-    if let Some(status) = r.status {
-        record["status"] = Value::from(status);
-    }
-    if let Some(error) = &r.error {
-        record["error"] = Value::from(error.as_str());
-    }
-    if let Some(output) = &r.output {
-        record["output"] = output.clone();
-    }
-    if !r.logs.is_empty() {
-        record["logs"] = json!(r.logs);
-    }
-    if let Some(ms) = r.retry_after_ms {
-        record["retry_after_ms"] = Value::from(ms);
-    }
-    record
-}
-
 fn conflict_error(rid: &str, other: Option<&String>) -> ApiError {
     ApiError::conflict(
         "resource_conflict",
@@ -1057,6 +511,7 @@ fn conflict_error(rid: &str, other: Option<&String>) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::{PlanKind, RunOpts};
 
     #[test]
     fn a_life_id_is_its_uuids_number_and_anything_else_a_hash() {
@@ -1082,15 +537,15 @@ mod tests {
 
     #[test]
     fn a_shebang_stays_the_first_line_of_a_script() {
-        let text = script_text(include_str!("scripts/finish_run.lua"));
+        let text = script_text(include_str!("scripts/finish_life.lua"));
         assert!(
-            text.starts_with("#!lua flags=allow-oom\n-- Helpers"),
+            text.starts_with("#!lua flags=allow-oom\n-- Where a Life's record is"),
             "{}",
             &text[..80]
         );
         assert_eq!(text.matches("#!lua").count(), 1);
         let text = script_text(include_str!("scripts/book.lua"));
-        assert!(text.starts_with("-- Helpers"));
+        assert!(text.starts_with("-- Where a Life's record is"));
     }
 
     #[test]
@@ -1104,6 +559,7 @@ mod tests {
             attempts: 0,
             resource_id: None,
             opts: RunOpts::default(),
+            record: None,
         };
         assert_eq!(
             claimed("6f69:death").owner(),

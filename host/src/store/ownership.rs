@@ -11,6 +11,10 @@ use redis::AsyncCommands;
 
 use super::Store;
 
+/// Pages of a shard's `inflight` hash one audit reads at most (each about the audit's
+/// batch of entries): a bound, far above what a shard holds in flight.
+const MAX_INFLIGHT_PAGES: usize = 1_000;
+
 /// What `shard_takeover` did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Takeover {
@@ -130,8 +134,10 @@ impl Store {
     }
 
     /// Puts up to `batch` Plans held in the shard back in its due sets; with `give_up`,
-    /// also gives up the lease once none is left. Returns (moved, left), left = -1 when
-    /// `host` at `gen` no longer owns the shard.
+    /// also gives up the lease once none is left. A Life's run cut off is recorded as
+    /// interrupted (`record_cut_off`). Returns (moved, left), left = -1 when `host` at
+    /// `gen` no longer owns the shard.
+    #[allow(clippy::too_many_arguments)]
     pub async fn shard_release(
         &self,
         shard: u32,
@@ -140,12 +146,16 @@ impl Store {
         batch: usize,
         notify_before_ms: i64,
         give_up: bool,
+        now_ms: i64,
     ) -> redis::RedisResult<(i64, i64)> {
         let k = self.shard(shard);
-        self.scripts
+        let (moved, left, cut_off): (i64, i64, Vec<String>) = self
+            .scripts
             .shard_release
             .key(k.owner())
             .key(k.held())
+            .key(k.inflight())
+            .key(k.due())
             .arg(&k.prefix)
             .arg(host)
             .arg(gen)
@@ -153,7 +163,13 @@ impl Store {
             .arg(notify_before_ms)
             .arg(if give_up { "1" } else { "0" })
             .invoke_async(&mut self.conn())
-            .await
+            .await?;
+        let recorded = self
+            .record_cut_off(shard, &cut_off, notify_before_ms, now_ms)
+            .await?;
+        // The runs just recorded are no longer left; the next call gives the lease up
+        // when they were the last.
+        Ok((moved + recorded, left))
     }
 
     /// A shard's owner as recorded (None: never owned).
@@ -173,13 +189,19 @@ impl Store {
             .await
     }
 
-    /// Plans held in a shard with a fire time before `before_ms` (at most `limit`), each
-    /// with its current claim number ('' when the Plan is gone).
+    /// Plans `host` holds in a shard with a fire time before `before_ms` (at most about
+    /// `limit`), each with its current claim number ('' when the Plan is gone): timers'
+    /// and tasks' from `held`, Lives' from `inflight` (`scripts/inflight_scan.lua`).
+    /// With `tracked_lives`, the Lives' Plans the caller tracks in the shard, `inflight`
+    /// is read only when it holds more entries than that: a host that tracks every
+    /// Plan it claimed costs the audit one HLEN, however many it holds.
     pub async fn held_due_before(
         &self,
         shard: u32,
+        host: &str,
         before_ms: i64,
         limit: usize,
+        tracked_lives: Option<usize>,
     ) -> redis::RedisResult<Vec<(String, String)>> {
         let k = self.shard(shard);
         let mut conn = self.conn();
@@ -192,25 +214,53 @@ impl Store {
             .arg(limit)
             .query_async(&mut conn)
             .await?;
-        if ids.is_empty() {
-            return Ok(Vec::new());
+        let mut found = Vec::new();
+        if !ids.is_empty() {
+            let mut pipe = redis::pipe();
+            for id in &ids {
+                pipe.hget(k.plan(id), "claims");
+            }
+            let claims: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+            found.extend(
+                ids.into_iter()
+                    .zip(claims)
+                    .map(|(id, claim)| (id, claim.unwrap_or_default())),
+            );
         }
-        let mut pipe = redis::pipe();
-        for id in &ids {
-            let (key, field) = k.plan_field(id, "claims");
-            pipe.hget(key, field);
+        if let Some(tracked) = tracked_lives {
+            let entries: usize = redis::cmd("HLEN")
+                .arg(k.inflight())
+                .query_async(&mut conn)
+                .await?;
+            if entries <= tracked {
+                return Ok(found);
+            }
         }
-        let claims: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
-        Ok(ids
-            .into_iter()
-            .zip(claims)
-            .map(|(id, claim)| (id, claim.unwrap_or_default()))
-            .collect())
+        let mut cursor = "0".to_string();
+        for _ in 0..MAX_INFLIGHT_PAGES {
+            let (next, page): (String, Vec<String>) = self
+                .scripts
+                .inflight_scan
+                .key(k.inflight())
+                .arg(&k.prefix)
+                .arg(host)
+                .arg(before_ms)
+                .arg(&cursor)
+                .arg(limit)
+                .invoke_async(&mut conn)
+                .await?;
+            found.extend(page.chunks_exact(2).map(|p| (p[0].clone(), p[1].clone())));
+            if next == "0" || found.len() >= limit {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(found)
     }
 
     /// Hands named Plans held by `host` in a shard back to the due set, each only under
     /// the claim given with it (a Running one only if it started before
-    /// `running_before_ms`); returns how many moved.
+    /// `running_before_ms`; a Life's is recorded as interrupted); returns how many moved.
     pub async fn release(
         &self,
         shard: u32,
@@ -218,11 +268,14 @@ impl Store {
         plans: &[(String, String)],
         notify_before_ms: i64,
         running_before_ms: i64,
+        now_ms: i64,
     ) -> redis::RedisResult<i64> {
         let k = self.shard(shard);
         let mut invocation = self.scripts.release.prepare_invoke();
         invocation
             .key(k.held())
+            .key(k.inflight())
+            .key(k.due())
             .arg(&k.prefix)
             .arg(host)
             .arg(notify_before_ms)
@@ -230,7 +283,12 @@ impl Store {
         for (id, claim) in plans {
             invocation.arg(id).arg(claim);
         }
-        invocation.invoke_async(&mut self.conn()).await
+        let (moved, cut_off): (i64, Vec<String>) =
+            invocation.invoke_async(&mut self.conn()).await?;
+        let recorded = self
+            .record_cut_off(shard, &cut_off, notify_before_ms, now_ms)
+            .await?;
+        Ok(moved + recorded)
     }
 }
 

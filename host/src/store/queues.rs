@@ -521,7 +521,8 @@ impl Store {
             let (outcome, next_ms) = match run.outcome {
                 RunOutcome::Done => ("done", now_ms),
                 RunOutcome::Retry { next_ms } => ("retry", next_ms),
-                RunOutcome::Failed => ("failed", now_ms),
+                // Only a Life's birth is ever invalidated.
+                RunOutcome::Failed | RunOutcome::Invalidated => ("failed", now_ms),
             };
             let r = &run.record;
             invocation
@@ -533,8 +534,9 @@ impl Store {
                 .arg(r.error.as_deref().unwrap_or(""))
                 .arg(r.outcome)
                 .arg(super::run_record_json(host, "task", r).to_string());
-            let (callback, callback_action) = super::Callback::args(&run.callback);
-            invocation.arg(callback).arg(callback_action);
+            let (callback, record) =
+                super::Callback::args(&run.callback, &run.plan.plan_id, now_ms);
+            invocation.arg(callback).arg(record);
         }
         let mut conn = self.conn();
         let reply: Vec<String> = invocation.invoke_async(&mut conn).await?;

@@ -24,11 +24,16 @@ use std::sync::Mutex;
 use tokio::sync::{oneshot, OnceCell};
 
 use super::conn::Conn;
-use super::Store;
+use super::{ShardKeys, Store};
 use crate::error::ApiError;
 
 /// The probe script (EVAL: it is small, and a round is one call a shard at most).
-const PROBE: &str = include_str!("scripts/replica_probe.lua");
+static PROBE: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    super::script_with(
+        include_str!("scripts/record_bucket.lua"),
+        include_str!("scripts/replica_probe.lua"),
+    )
+});
 
 /// Most time a round waits for its replicas (`WAIT`) before its changes are answered 503.
 pub(crate) const REPLICA_WAIT_MS: u64 = 2_000;
@@ -36,18 +41,35 @@ pub(crate) const REPLICA_WAIT_MS: u64 = 2_000;
 /// What shows that a change is on a node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Proof {
-    /// The key exists (a booking).
-    Exists(String),
-    /// The hash's field is a number at least this (a change that bumps a version or a
-    /// time: a later change implies this one).
-    AtLeast(String, &'static str, i64),
+    /// A Life's record exists (a booking): the shard's record count key, the Life's id.
+    Record(String, String),
+    /// One of the record's fields (one letter each) is at least this.
+    RecordAtLeast(String, String, &'static str, i64),
 }
 
 impl Proof {
-    fn args(&self) -> (&str, &str, String) {
+    /// Life `uuid`'s record is in the shard of `k`.
+    pub(crate) fn record(k: &ShardKeys, uuid: &str) -> Proof {
+        Proof::Record(k.record_count(), uuid.to_string())
+    }
+
+    /// Life `uuid`'s record has one of `fields` at least `n`.
+    pub(crate) fn record_at_least(
+        k: &ShardKeys,
+        uuid: &str,
+        fields: &'static str,
+        n: i64,
+    ) -> Proof {
+        Proof::RecordAtLeast(k.record_count(), uuid.to_string(), fields, n)
+    }
+
+    /// The probe's key, field and least value of this proof.
+    fn args(&self) -> (&str, String, String) {
         match self {
-            Proof::Exists(key) => (key, "", String::new()),
-            Proof::AtLeast(key, field, n) => (key, field, n.to_string()),
+            Proof::Record(key, uuid) => (key, format!("@{uuid}"), String::new()),
+            Proof::RecordAtLeast(key, uuid, fields, n) => {
+                (key, format!("@{uuid}@{fields}"), n.to_string())
+            }
         }
     }
 }
@@ -140,7 +162,10 @@ impl Store {
         };
         let k = self.shard(shard);
         let mut probe = redis::cmd("EVAL");
-        probe.arg(PROBE).arg(round.len() + 1).arg(k.ack_mark());
+        probe
+            .arg(PROBE.as_str())
+            .arg(round.len() + 1)
+            .arg(k.ack_mark());
         for w in round {
             probe.arg(w.proof.args().0);
         }

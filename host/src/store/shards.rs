@@ -149,8 +149,25 @@ impl ShardKeys {
     pub fn key_of(&self, rest: &str) -> String {
         format!("{}{rest}", self.prefix)
     }
+    /// A Life's hash in layout 3 (read by `kairos migrate` only).
     pub fn life(&self, uuid: &str) -> String {
         self.key(format_args!("life:{uuid}"))
+    }
+    /// Record bucket `n`: a hash of Life records (`record.rs`), field = the Life's id.
+    pub fn records(&self, n: u64) -> String {
+        self.key(format_args!("r:{n}"))
+    }
+    /// How many record buckets there are (linear hashing: `record_key` in common.lua).
+    pub fn record_count(&self) -> String {
+        self.key(format_args!("rn"))
+    }
+    /// Each Life Plan claimed or running: `{claim}|{fire_ms}|{host}[|{started}|{attempt}]`.
+    pub fn inflight(&self) -> String {
+        self.key(format_args!("inflight"))
+    }
+    /// Lives whose record changed while one of their Plans ran.
+    pub fn touched(&self) -> String {
+        self.key(format_args!("touched"))
     }
     /// The record of a booking call made with this `Idempotency-Key`.
     pub fn idempotency(&self, key: &str) -> String {
@@ -183,8 +200,13 @@ impl ShardKeys {
     pub fn tombstone(&self, queue: &str, task: &str) -> String {
         self.key(format_args!("tombstone:{queue}/{task}"))
     }
+    /// Lives' Plans waiting to be claimed: a tree (`tree_*` in common.lua) by fire time.
     pub fn due(&self) -> String {
         self.key(format_args!("due"))
+    }
+    /// Timers' Plans waiting to be claimed, by fire time (a sorted set).
+    pub fn timers_due(&self) -> String {
+        self.key(format_args!("timers_due"))
     }
     /// The mark the replica probe writes (store/replicas.rs).
     pub fn ack_mark(&self) -> String {
@@ -194,6 +216,7 @@ impl ShardKeys {
     pub fn due_tasks(&self) -> String {
         self.key(format_args!("due_tasks"))
     }
+    /// The shard's Lives by birth time: a tree.
     pub fn lives(&self) -> String {
         self.key(format_args!("lives"))
     }
@@ -203,7 +226,8 @@ impl ShardKeys {
     pub fn order(&self, resource_id: &str) -> String {
         self.key(format_args!("order:{resource_id}"))
     }
-    /// The Plans the shard's owner holds claimed (Preset or Running).
+    /// The timers' and tasks' Plans the shard's owner holds claimed (Preset or Running);
+    /// Lives' are in [`Self::inflight`].
     pub fn held(&self) -> String {
         self.key(format_args!("held"))
     }
@@ -214,6 +238,7 @@ impl ShardKeys {
     pub fn runs(&self) -> String {
         self.key(format_args!("runs"))
     }
+    /// Finished Lives by finish time: a tree.
     pub fn finished(&self) -> String {
         self.key(format_args!("finished"))
     }

@@ -129,7 +129,7 @@ impl Store {
         invocation
             .key(k.timer(name))
             .key(k.timer_plan(name))
-            .key(k.due())
+            .key(k.timers_due())
             .key(k.timers())
             .arg(&k.prefix)
             .arg(name)
@@ -269,7 +269,7 @@ impl Store {
             .timer_run
             .key(k.timer(name))
             .key(k.timer_plan(name))
-            .key(k.due())
+            .key(k.timers_due())
             .arg(&k.prefix)
             .arg(name)
             .arg(now_ms)
@@ -288,7 +288,7 @@ impl Store {
             .timer_delete
             .key(k.timer(name))
             .key(k.timer_plan(name))
-            .key(k.due())
+            .key(k.timers_due())
             .key(k.timers())
             .key(k.timer_runs(name))
             .arg(&k.prefix)
@@ -397,7 +397,7 @@ impl Store {
         let mut invocation = self.scripts.finish_timer.prepare_invoke();
         invocation
             .key(k.held())
-            .key(k.due())
+            .key(k.timers_due())
             .key(k.runs())
             .key(k.timer(run.name))
             .key(k.timer_plan(run.name))
@@ -421,11 +421,9 @@ impl Store {
                     .unwrap_or_default(),
             )
             .arg(run.catch_up_runs);
-        let (callback, callback_action) = super::Callback::args(&run.callback);
-        invocation
-            .arg(callback)
-            .arg(callback_action)
-            .arg(self.fmt(now_ms));
+        let plan_id = format!("{}:timer", run.name);
+        let (callback, record) = super::Callback::args(&run.callback, &plan_id, now_ms);
+        invocation.arg(callback).arg(record).arg(self.fmt(now_ms));
         for skip in &run.skips {
             invocation.arg(skip);
         }

@@ -256,7 +256,7 @@ async fn fault_schedule(
 }
 
 /// Every state whose count in the shards' `census` hashes differs from the number of
-/// Lives in that state (each `life:` hash's own `state`), read once no host runs: the
+/// Lives in that state (each Life record's own `state`), read once no host runs: the
 /// census is what `/metrics` and the dashboard show, changed by every script that
 /// changes a Life, faults or not.
 async fn census_mismatches(cluster: &Cluster) -> Vec<String> {
@@ -285,15 +285,20 @@ async fn census_mismatches(cluster: &Cluster) -> Vec<String> {
             cursor = next;
         }
     }
+    // Layout 4: each Life is a record, a field of one of its shard's buckets `r:{n}`.
     let mut lives: HashMap<String, i64> = HashMap::new();
-    for key in keys(&mut conn, "kairos:{*}:life:*").await {
-        let state: Option<String> = redis::cmd("HGET")
+    for key in keys(&mut conn, "kairos:{*}:r:*").await {
+        let records: HashMap<String, String> = redis::cmd("HGETALL")
             .arg(&key)
-            .arg("state")
             .query_async(&mut conn)
             .await
-            .unwrap_or(None);
-        *lives.entry(state.unwrap_or_default()).or_default() += 1;
+            .unwrap_or_default();
+        for text in records.values() {
+            let state = kairos::store::record::LifeRecord::from_json(text)
+                .map(|r| r.state)
+                .unwrap_or_else(|e| format!("unreadable record: {e}"));
+            *lives.entry(state).or_default() += 1;
+        }
     }
     let mut census: HashMap<String, i64> = HashMap::new();
     for key in keys(&mut conn, "kairos:{*}:census").await {
@@ -310,7 +315,7 @@ async fn census_mismatches(cluster: &Cluster) -> Vec<String> {
     }
     if lives.is_empty() {
         // The load always books Lives: none found means the keys were not where looked.
-        return vec!["no Lives found under kairos:{*}:life:* to count".into()];
+        return vec!["no Lives found under kairos:{*}:r:* to count".into()];
     }
     let mut states: Vec<&String> = lives.keys().chain(census.keys()).collect();
     states.sort();

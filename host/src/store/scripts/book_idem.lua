@@ -5,16 +5,16 @@
 -- A booking refused here records nothing: the caller then takes the two-step way
 -- (idem_begin, the call, idem_finish), which records the refusal. So does a record left
 -- `pending` by a host that died (`stale`): the two-step way retakes it.
--- KEYS: those of book_life, then 5 the key's record, the plugin sets from KEYS[6]
--- ARGV: those of book_life (1-11), then 12 fingerprint, 13 pending_ms, 14 ttl_ms,
---       15 status and 16 body of the answer to record
+-- KEYS: those of book_life (1-3), then 4 the key's record, the plugin sets from KEYS[5]
+-- ARGV: those of book_life (1-9), then 10 fingerprint, 11 pending_ms, 12 ttl_ms,
+--       13 status and 14 body of the answer to record
 -- Returns book_life's answers, or {'reused'} | {'replay', status, body} |
 --   {'in_progress'} | {'stale'}
-local found = idem_lookup(KEYS[5], ARGV[12], ARGV[13])
+local found = idem_lookup(KEYS[4], ARGV[10], ARGV[11])
 if found then return found end
-local booked = book_life(6)
+local booked = book_life(5)
 if booked[1] == 'ok' then
-  redis.call('HSET', KEYS[5], 'fp', ARGV[12], 'state', 'done', 'status', ARGV[15], 'body', ARGV[16])
-  redis.call('PEXPIRE', KEYS[5], ARGV[14])
+  redis.call('HSET', KEYS[4], 'fp', ARGV[10], 'state', 'done', 'status', ARGV[13], 'body', ARGV[14])
+  redis.call('PEXPIRE', KEYS[4], ARGV[12])
 end
 return booked

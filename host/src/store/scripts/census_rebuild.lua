@@ -1,17 +1,18 @@
 #!lua flags=allow-oom
 -- census_rebuild: counts the shard's Lives per state into `census` and marks it (`v`),
--- when it is not marked yet: a keyspace whose Lives were written before the census
--- existed. It reads every Life of the shard in one step (about 1 µs a Life), once; the
--- scripts keep the marked census exact from then on (common.lua, `census`).
+-- when it is not marked yet (a keyspace whose Lives were written before the census
+-- existed). It reads every record of the shard in one step, once; the scripts keep the
+-- marked census exact from then on (common.lua, `census`).
 -- ARGV: 1 prefix
 -- Returns 1 when it counted, 0 when the census was marked already.
 local key = PREFIX .. 'census'
 if redis.call('HEXISTS', key, 'v') == 1 then return 0 end
 local counts = {}
-for _, member in ipairs(redis.call('ZRANGE', PREFIX .. 'lives', 0, -1)) do
-  local uuid = string.sub(member, 15)
-  local state = redis.call('HGET', life_key(uuid), 'state')
-  if state then counts[state] = (counts[state] or 0) + 1 end
+for b = 0, record_buckets() - 1 do
+  for _, rec in ipairs(redis.call('HVALS', PREFIX .. 'r:' .. b)) do
+    local state = record_head(rec).state
+    counts[state] = (counts[state] or 0) + 1
+  end
 end
 redis.call('DEL', key)
 local fields = {'v', 1}

@@ -6,55 +6,25 @@
 local PREFIX = ARGV[1]
 
 local function plan_key(plan_id) return PREFIX .. 'plan:' .. plan_id end
-local function life_key(uuid) return PREFIX .. 'life:' .. uuid end
 
--- Where a Plan's fields are. A Life's Plans (`{uuid}:birth`, `{uuid}:death`) are fields
--- of the Life's own hash, named with `b.` and `d.` in front (`b.state`, `d.fire_at_ms`),
--- so that a Life is one key; their `resource_id` is the Life's own field. A timer's or a
--- task's Plan is a hash of its own, `plan:{id}`, with plain names. Scripts reach a Plan
--- through plan_of, never by its key, so they need not know which:
+-- A timer's or a queue task's Plan is a hash of its own, `plan:{id}`, with plain field
+-- names. (A Life's Plans are in its record: layout 4 below.) Scripts reach such a Plan
+-- through plan_of, which gives its key and its field names:
 --   local pk, pn = plan_of(plan_id)
 --   redis.call('HMGET', pk, pn.state, pn.fire_at_ms)
--- PN[prefix] is the table of a prefix's field names (pn.state is 'b.state'), each made
--- on first use and kept for the rest of the script call: building a Lua string per
--- field and Plan would cost about what the Redis command does.
-local PN = {}
-local function field_names(prefix)
-  local names = PN[prefix]
-  if not names then
-    names = setmetatable({}, {__index = function(t, name)
-      local full = (prefix == '' or name == 'resource_id') and name or prefix .. name
-      rawset(t, name, full)
-      return full
-    end})
-    PN[prefix] = names
-  end
-  return names
-end
+local PN = setmetatable({}, {__index = function(t, name)
+  rawset(t, name, name)
+  return name
+end})
 
--- The key of a Plan's fields, and their names there.
 local function plan_of(plan_id)
-  -- Cheaper than a pattern: both kinds of a Life's Plan are five letters long.
-  local tail = string.sub(plan_id, -6)
-  if tail == ':birth' then
-    return PREFIX .. 'life:' .. string.sub(plan_id, 1, -7), field_names('b.')
-  elseif tail == ':death' then
-    return PREFIX .. 'life:' .. string.sub(plan_id, 1, -7), field_names('d.')
-  end
-  return plan_key(plan_id), field_names('')
+  return plan_key(plan_id), PN
 end
 
 -- Whether the Plan exists (every Plan has a `state`).
 local function plan_exists(plan_id)
   local pk, pn = plan_of(plan_id)
   return redis.call('HEXISTS', pk, pn.state) == 1
-end
-
--- The member of {prefix}:lives for a Life: zero-padded birth ms, ':', uuid, so that
--- ZRANGEBYLEX lists Lives by birth time and a member is an exact pagination cursor.
-local function lives_member(birth_ms, uuid)
-  local s = tostring(birth_ms)
-  return string.rep('0', 13 - #s) .. s .. ':' .. uuid
 end
 
 -- Takes a Plan back from the host that holds it in memory. The holder's timer entry
@@ -67,19 +37,15 @@ local function release_claim(plan_id)
   end
 end
 
--- Marks a Life finished: it no longer blocks its resource and is swept after retention.
--- Extra field/value pairs (a run record) are written in the same HSET.
 -- Lives per state in the shard (`census`, a hash: state -> count). Each script that
 -- creates a Life, changes its state or deletes it counts the change here, so that the
 -- overview reads five numbers a shard instead of every Life. FROM or TO may be nil/false
 -- (a Life created or deleted). `census_rebuild` recounts a shard whose census lacks its
 -- `v` mark (a keyspace written before it).
--- A script that changes many Lives (finish_run) calls `batch_begin` first and
--- `batch_end` last: between the two, census changes add up in memory and finished Lives
--- wait in a list, written as one HINCRBY a state and one ZADD at the end, instead of
--- three commands a Life (each call from Lua into Redis costs about as much as the
--- command itself).
-local census_batch, finished_batch = nil, nil
+-- A script that changes many Lives (finish_life) calls `batch_begin` first and
+-- `batch_end` last: between the two, census changes add up in memory and are written as
+-- one HINCRBY a state at the end, instead of one or two a Life.
+local census_batch = nil
 local CENSUS_STATES = {'Inexistent', 'Alive', 'Dead', 'Stillbirth', 'Invalidated'}
 
 local function census(from, to)
@@ -92,19 +58,8 @@ local function census(from, to)
   if to then redis.call('HINCRBY', PREFIX .. 'census', to, 1) end
 end
 
-local function finish_life(lk, uuid, state, now_ms, ...)
-  census(redis.call('HGET', lk, 'state'), state)
-  redis.call('HSET', lk, 'state', state, 'finished_at_ms', now_ms, 'updated_at_ms', now_ms, ...)
-  if finished_batch then
-    finished_batch[#finished_batch + 1] = now_ms
-    finished_batch[#finished_batch + 1] = uuid
-  else
-    redis.call('ZADD', PREFIX .. 'finished', now_ms, uuid)
-  end
-end
-
 local function batch_begin()
-  census_batch, finished_batch = {}, {}
+  census_batch = {}
 end
 
 local function batch_end()
@@ -112,12 +67,7 @@ local function batch_end()
     local n = census_batch[state]
     if n and n ~= 0 then redis.call('HINCRBY', PREFIX .. 'census', state, n) end
   end
-  -- ZADD in pieces of 500 members: unpack has a stack limit.
-  for i = 1, #finished_batch, 1000 do
-    redis.call('ZADD', PREFIX .. 'finished',
-      unpack(finished_batch, i, math.min(i + 999, #finished_batch)))
-  end
-  census_batch, finished_batch = nil, nil
+  census_batch = nil
 end
 
 -- Redis's own clock, in ms: the one clock every host agrees on. Scripts that judge
@@ -164,33 +114,6 @@ local function add_run(stream, max_len, ...)
   end
 end
 
--- Cancels a Plan that has not run (Standby or Preset); a Plan in any other state is left.
-local function cancel_plan(plan_id)
-  local pk, pn = plan_of(plan_id)
-  local state = redis.call('HGET', pk, pn.state)
-  if state == 'Standby' or state == 'Preset' then
-    release_claim(plan_id)
-    redis.call('ZREM', PREFIX .. 'due', plan_id)
-    redis.call('HSET', pk, pn.state, 'Cancelled')
-    leave_order(plan_id)
-  end
-end
-
--- The first other Life on the resource whose [birth, death or birth] span meets
--- [lo, hi], counting only Lives still pending or alive; false when there is none.
-local function resource_conflict(res_key, lo, hi, exclude)
-  local ids = redis.call('ZRANGEBYSCORE', res_key, '-inf', hi)
-  for _, id in ipairs(ids) do
-    if id ~= exclude then
-      local f = redis.call('HMGET', life_key(id), 'state', 'birth_at_ms', 'death_at_ms')
-      if f[1] == 'Inexistent' or f[1] == 'Alive' then
-        if tonumber(f[3] or f[2]) >= lo then return id end
-      end
-    end
-  end
-  return false
-end
-
 -- The queue of a task's Plan id (`{queue}/{task}:task`), nil for other Plans.
 local function task_queue(plan_id)
   return string.match(plan_id, '^([^/]+)/.*:task$')
@@ -202,27 +125,6 @@ local function notify_if_soon(fire_ms, notify_before_ms)
   if tonumber(fire_ms) <= tonumber(notify_before_ms) then
     redis.call('PUBLISH', PREFIX .. 'notify', fire_ms)
   end
-end
-
--- Books the callback of a Plan that finished for good (model::Callbacks): a point Life
--- `uuid`, due at once, in this shard (the host drew the id to have this shard as its
--- home). Nothing when UUID is '' or the Life exists (a finish written twice).
-local function book_callback(uuid, action, of, now_ms, notify_before_ms)
-  if uuid == '' then return end
-  local lk = life_key(uuid)
-  if redis.call('EXISTS', lk) == 1 then return end
-  redis.call('HSET', lk, 'schedule_type', 'point', 'state', 'Inexistent', 'birth_at_ms', now_ms,
-    'created_at_ms', now_ms, 'callback_of', of)
-  census(nil, 'Inexistent')
-  local pk, pn = plan_of(uuid .. ':birth')
-  redis.call('HSET', pk, pn.state, 'Standby', pn.fire_at_ms, now_ms, pn.action, action)
-  redis.call('ZADD', PREFIX .. 'due', now_ms, uuid .. ':birth')
-  redis.call('ZADD', PREFIX .. 'lives', 0, lives_member(now_ms, uuid))
-  local ok, a = pcall(cjson.decode, action)
-  if ok and type(a) == 'table' and type(a.plugin) == 'string' then
-    redis.call('SADD', PREFIX .. 'plugin-lives:' .. string.match(a.plugin, '^[^@]+'), uuid)
-  end
-  notify_if_soon(now_ms, notify_before_ms)
 end
 
 -- A queue's tasks held back in Redis, Standby and in no due set: while the queue is
@@ -320,15 +222,15 @@ local function leave_running(queue, member, notify_before_ms)
   end
 end
 
--- Puts a Plan held in this shard (Preset or Running) back into the due set at its own
+-- Puts a timer's or a task's Plan held in this shard (Preset or Running) back into its due
+-- set (`timers_due`, `due_tasks`) at its own
 -- fire time; returns 1 if it moved, 0 if it was not held any more. A Running Plan moves
 -- only if it started before RUNNING_BEFORE_MS (nil: any), so that a live host's audit
 -- never takes away a run that has just begun; CLAIM, when given, must be the Plan's
 -- claim (the audit hands back one claim it knows is lost, never a newer one). A run cut
 -- off this way may have reached its target: the attempt is written into the Plan's
--- history as interrupted (with the host that ran it), and the Plan is marked so that a
--- late birth that may have been delivered is still followed by its death (start_run).
--- The caller removes moved Plans from `held`.
+-- history as interrupted (with the host that ran it). (A Life's Plans are handed back
+-- through `inflight`: shard_release.lua.) The caller removes moved Plans from `held`.
 local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
   local pk, pn = plan_of(plan_id)
   local f = redis.call('HMGET', pk, pn.state, pn.lease_owner, pn.fire_at_ms, pn.started_at_ms,
@@ -355,14 +257,8 @@ local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
         -- A queue task's run no longer counts against its queue's max_concurrent.
         leave_running(queue, plan_id .. '#' .. f[5], notify_before_ms)
         redis.call('HSET', pk, pn.last_run, record)
-      elseif word == 'timer' then
-        redis.call('LPUSH', PREFIX .. 'timer:' .. string.sub(plan_id, 1, -7) .. ':runs', record)
       else
-        local uuid = string.sub(plan_id, 1, -(#word + 2))
-        local lk = life_key(uuid)
-        if redis.call('EXISTS', lk) == 1 then
-          redis.call('HSET', lk, 'run:' .. word .. ':' .. attempt, record)
-        end
+        redis.call('LPUSH', PREFIX .. 'timer:' .. string.sub(plan_id, 1, -7) .. ':runs', record)
       end
       -- Rare (a crash or a lost lease): into the stream when the operator keeps one.
       if redis.call('EXISTS', PREFIX .. 'runs') == 1 then
@@ -376,7 +272,7 @@ local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
     if queue then
       redis.call('ZADD', PREFIX .. 'due_tasks', f[3], plan_id)
     else
-      redis.call('ZADD', PREFIX .. 'due', f[3], plan_id)
+      redis.call('ZADD', PREFIX .. 'timers_due', f[3], plan_id)
     end
     notify_if_soon(f[3], notify_before_ms)
     return 1
@@ -391,58 +287,6 @@ local function applied_by(plan_id, host, claim)
   return redis.call('HGET', pk, pn.done_by) == host .. '#' .. claim
 end
 
--- Books a Life and its Plans, or nothing (the body of book.lua, shared with book_idem.lua).
--- KEYS: 1 life, 2 due, 3 lives, 4 resource index,
---       FIRST_PLUGIN_KEY.. the `plugin-lives:{name}` sets of the plugins the actions use
--- ARGV: 1 prefix, 2 uuid, 3 schedule_type, 4 resource_id ('' = none), 5 birth_ms,
---       6 death_ms ('' for point), 7 birth action JSON, 8 death action JSON, 9 now_ms,
---       10 guard_ms, 11 notify_before_ms (the order patch.lua's arguments begin with)
--- Returns {'ok'} | {'resource_conflict', other_uuid} | {'duplicate'} |
---   {'pointer', value}: this is the id's home shard and it points to another shard
---   (the Life is there, or was, or is being booked there)
-local function book_life(first_plugin_key)
-  local uuid, rid = ARGV[2], ARGV[4]
-  local birth_ms, death_ms = tonumber(ARGV[5]), tonumber(ARGV[6])
-  local guard = tonumber(ARGV[10])
-  if rid ~= '' then
-    local other = resource_conflict(KEYS[4], birth_ms - guard, (death_ms or birth_ms) + guard, uuid)
-    if other then return {'resource_conflict', other} end
-  end
-  if redis.call('EXISTS', KEYS[1]) == 1 then return {'duplicate'} end
-  local pointer = redis.call('GET', PREFIX .. 'ptr:' .. uuid)
-  if pointer then return {'pointer', pointer} end
-
-  -- One HSET writes the Life and its Plans (plan_of). The uuid and the Plan kind are in
-  -- the key and field names; fields hold only what they do not say, times in ms only
-  -- (the API renders them), so that a pending booking stays small (see
-  -- docs/redis-layout.md). `attempts` appears with the first run, `version` and
-  -- `updated_at_ms` with the first change.
-  local fields = {'schedule_type', ARGV[3], 'state', 'Inexistent', 'birth_at_ms', ARGV[5],
-    'created_at_ms', ARGV[9], 'b.state', 'Standby', 'b.fire_at_ms', ARGV[5], 'b.action', ARGV[7]}
-  local function add(...)
-    for _, v in ipairs({...}) do fields[#fields + 1] = v end
-  end
-  if rid ~= '' then
-    add('resource_id', rid)
-    redis.call('ZADD', KEYS[4], birth_ms, uuid)
-    redis.call('ZADD', order_key(rid), birth_ms, uuid .. ':birth')
-    if death_ms then redis.call('ZADD', order_key(rid), death_ms, uuid .. ':death') end
-  end
-  if death_ms then
-    -- The death Plan waits outside the due set until birth is done (finish_run adds it).
-    -- `b.term` tells finish_run that this birth makes the Life Alive rather than Dead.
-    add('death_at_ms', ARGV[6], 'd.state', 'Standby', 'd.fire_at_ms', ARGV[6], 'd.action', ARGV[8],
-      'b.term', 1)
-  end
-  redis.call('HSET', KEYS[1], unpack(fields))
-  census(nil, 'Inexistent')
-  redis.call('ZADD', KEYS[2], birth_ms, uuid .. ':birth')
-  redis.call('ZADD', KEYS[3], 0, lives_member(ARGV[5], uuid))
-  for i = first_plugin_key, #KEYS do redis.call('SADD', KEYS[i], uuid) end
-  notify_if_soon(ARGV[5], ARGV[11])
-  return {'ok'}
-end
-
 -- What the record REC of an `Idempotency-Key` says of a call with the request
 -- fingerprint FP: nil when there is none; {'reused'} (another request's key),
 -- {'replay', status, body}, {'in_progress'} (a call under way, begun less than
@@ -455,4 +299,396 @@ local function idem_lookup(rec, fp, pending_ms)
   if r[2] == 'done' then return {'replay', r[3], r[4]} end
   if redis_now_ms() - tonumber(r[5] or 0) < tonumber(pending_ms) then return {'in_progress'} end
   return {'stale'}
+end
+
+-- ---------------------------------------------------------------------------------------
+-- Layout 4: records, trees, inflight (docs/redis-layout.md)
+-- ---------------------------------------------------------------------------------------
+
+-- Records. A Life is one compact JSON value (the host builds it: store/record.rs), the
+-- field `{uuid}` of one of the shard's record buckets `r:{n}`, hashes that stay in Redis's
+-- compact listpack encoding. Buckets are found by linear hashing over the first 32 bits
+-- of the id's SHA-1: `rn` says how many there are; a bucket that grows past
+-- RECORDS_SPLIT_AT makes the next bucket in turn split in two, so that buckets keep about
+-- 25 to 50 records on average however many the shard holds (small, so that a record is
+-- found and rewritten in a short listpack).
+local RECORDS_SPLIT_AT = 48
+local record_count = nil
+
+local function record_buckets()
+  if not record_count then
+    record_count = tonumber(redis.call('GET', PREFIX .. 'rn')) or 1
+  end
+  return record_count
+end
+
+local function record_key(id)
+  return PREFIX .. 'r:' .. bucket_index(id_hash(id), record_buckets())
+end
+
+local function get_record(id)
+  return redis.call('HGET', record_key(id), id)
+end
+
+-- Splits the next bucket in turn: bucket N - P gives the records whose hash mod 2P is N
+-- to the new bucket N.
+local function split_records()
+  local n = record_buckets()
+  local p = 1
+  while p * 2 <= n do p = p * 2 end
+  local from_key, to_key = PREFIX .. 'r:' .. (n - p), PREFIX .. 'r:' .. n
+  local all = redis.call('HGETALL', from_key)
+  local moved, gone = {}, {}
+  for i = 1, #all, 2 do
+    if id_hash(all[i]) % (p * 2) == n then
+      moved[#moved + 1] = all[i]
+      moved[#moved + 1] = all[i + 1]
+      gone[#gone + 1] = all[i]
+    end
+  end
+  if #gone > 0 then
+    redis.call('HSET', to_key, unpack(moved))
+    redis.call('HDEL', from_key, unpack(gone))
+  end
+  record_count = n + 1
+  redis.call('SET', PREFIX .. 'rn', record_count)
+end
+
+local function put_record(id, rec)
+  local key = record_key(id)
+  if redis.call('HSET', key, id, rec) == 1 and redis.call('HLEN', key) > RECORDS_SPLIT_AT then
+    split_records()
+  end
+end
+
+local function del_record(id)
+  redis.call('HDEL', record_key(id), id)
+end
+
+-- The header of a record: its first scalars, in the order store/record.rs writes them
+-- (`s` state, `b` birth, `d` death, `r` resource), read with patterns that never reach
+-- the actions or the history after them.
+local function record_head(rec)
+  local head = string.match(rec, '^(.-)"a":') or rec
+  return {
+    state = string.match(head, '^{"s":"(%a+)"') or 'Inexistent',
+    birth_ms = tonumber(string.match(head, '"b":(%-?%d+)')),
+    death_ms = tonumber(string.match(head, '"d":(%-?%d+)')),
+    resource_id = string.match(head, '"r":"(.-)","c":'),
+  }
+end
+
+-- Trees. A large sorted set is kept as leaves of at most TREE_LEAF_MAX members, each a
+-- sorted set of its own, `{tree}:{leaf id}`: small enough for Redis's listpack encoding,
+-- where a member costs its bytes and a few more instead of a skiplist node and a dict
+-- entry (about 50 bytes instead of 140 for a Plan id and its time). The tree's own key is
+-- an index of its leaves: a sorted set whose scores are all 0 and whose members,
+-- `{score, 13 digits}:{member}|{leaf id}`, name the least (score, member) each leaf
+-- holds, so that ZREVRANGEBYLEX finds a member's leaf (the first leaf's bound is
+-- `0000000000000:`). Scores are times in ms. A leaf that outgrows TREE_LEAF_MAX splits
+-- in two halves; a leaf left empty is dropped (the first stays).
+local TREE_LEAF_MAX = 120
+local TREE_FIRST = '0000000000000:'
+
+-- Whether A sorts before or equal to B byte by byte (as Redis orders members; Lua's own
+-- string comparison follows the locale).
+local function bytes_le(a, b)
+  for i = 1, math.min(#a, #b) do
+    local x, y = string.byte(a, i), string.byte(b, i)
+    if x ~= y then return x < y end
+  end
+  return #a <= #b
+end
+
+local function tree_bound(score, member)
+  return string.format('%013d', tonumber(score)) .. ':' .. member
+end
+
+local function leaf_id_of(entry) return string.match(entry, '|(%d+)$') end
+
+-- The index entry of the leaf that (SCORE, MEMBER) belongs in, or nil (an empty tree).
+local function tree_entry(tree, score, member)
+  local r = redis.call('ZREVRANGEBYLEX', tree, '[' .. tree_bound(score, member) .. '|~', '-',
+    'LIMIT', 0, 1)
+  return r[1]
+end
+
+-- The leaf key for (SCORE, MEMBER), made with the tree if there is none: key, entry.
+local function tree_leaf(tree, score, member)
+  local entry = tree_entry(tree, score, member)
+  if not entry then
+    entry = TREE_FIRST .. '|' .. redis.call('INCR', PREFIX .. 'tseq')
+    redis.call('ZADD', tree, 0, entry)
+  end
+  return tree .. ':' .. leaf_id_of(entry), entry
+end
+
+local function tree_split(tree, leaf)
+  local items = redis.call('ZRANGE', leaf, 0, -1, 'WITHSCORES')
+  local n = #items / 2
+  local cut = math.floor(n / 2) + 1
+  local id = redis.call('INCR', PREFIX .. 'tseq')
+  local moved = {}
+  for i = cut, n do
+    moved[#moved + 1] = items[2 * i]
+    moved[#moved + 1] = items[2 * i - 1]
+  end
+  for i = 1, #moved, 200 do
+    redis.call('ZADD', tree .. ':' .. id, unpack(moved, i, math.min(i + 199, #moved)))
+  end
+  redis.call('ZREMRANGEBYRANK', leaf, cut - 1, -1)
+  redis.call('ZADD', tree, 0, tree_bound(items[2 * cut], items[2 * cut - 1]) .. '|' .. id)
+end
+
+local function tree_add(tree, score, member)
+  local leaf = tree_leaf(tree, score, member)
+  if redis.call('ZADD', leaf, score, member) == 1 and redis.call('ZCARD', leaf) > TREE_LEAF_MAX then
+    tree_split(tree, leaf)
+  end
+end
+
+-- Drops a leaf left empty, unless it is the first.
+local function tree_prune(tree, leaf, entry)
+  if string.sub(entry, 1, #TREE_FIRST) ~= TREE_FIRST and redis.call('EXISTS', leaf) == 0 then
+    redis.call('ZREM', tree, entry)
+  end
+end
+
+local function tree_rem(tree, score, member)
+  local entry = tree_entry(tree, score, member)
+  if not entry then return 0 end
+  local leaf = tree .. ':' .. leaf_id_of(entry)
+  local removed = redis.call('ZREM', leaf, member)
+  if removed == 1 then tree_prune(tree, leaf, entry) end
+  return removed
+end
+
+-- Up to LIMIT {member, score, ...} of TREE from (MIN, AFTER) (exclusive; AFTER '' for
+-- every member at MIN) to score MAX (a number or '+inf'), in (score, member) order.
+local function tree_range(tree, min, after, max, limit)
+  local out = {}
+  if limit <= 0 then return out end
+  local entry = tree_entry(tree, min, after)
+  if not entry then
+    local first = redis.call('ZRANGE', tree, 0, 0)
+    entry = first[1]
+    if not entry then return out end
+  end
+  while entry do
+    local leaf = tree .. ':' .. leaf_id_of(entry)
+    local items = redis.call('ZRANGEBYSCORE', leaf, min, max, 'WITHSCORES',
+      'LIMIT', 0, limit - #out / 2 + 200)
+    for i = 1, #items, 2 do
+      local skip = after ~= '' and tonumber(items[i + 1]) == tonumber(min)
+        and bytes_le(items[i], after)
+      if not skip then
+        out[#out + 1] = items[i]
+        out[#out + 1] = items[i + 1]
+        if #out / 2 >= limit then return out end
+      end
+    end
+    local nxt = redis.call('ZRANGEBYLEX', tree, '(' .. entry, '+', 'LIMIT', 0, 1)[1]
+    if not nxt or (max ~= '+inf' and tonumber(string.sub(nxt, 1, 13)) > tonumber(max)) then
+      return out
+    end
+    entry = nxt
+  end
+  return out
+end
+
+-- Takes up to LIMIT members scored up to MAX off the front of TREE: {member, score, ...}.
+local function tree_take(tree, max, limit)
+  local out = {}
+  if limit <= 0 then return out end
+  for _, entry in ipairs(redis.call('ZRANGEBYLEX', tree, '-', '+', 'LIMIT', 0, 16)) do
+    if tonumber(string.sub(entry, 1, 13)) > tonumber(max) then return out end
+    local leaf = tree .. ':' .. leaf_id_of(entry)
+    local items = redis.call('ZRANGEBYSCORE', leaf, '-inf', max, 'WITHSCORES',
+      'LIMIT', 0, limit - #out / 2)
+    if #items > 0 then
+      local members = {}
+      for j = 1, #items, 2 do
+        out[#out + 1] = items[j]
+        out[#out + 1] = items[j + 1]
+        members[#members + 1] = items[j]
+      end
+      redis.call('ZREM', leaf, unpack(members))
+      tree_prune(tree, leaf, entry)
+    end
+    if #out / 2 >= limit then return out end
+  end
+  return out
+end
+
+-- The first {member, score} of TREE, or an empty table.
+local function tree_first(tree)
+  for _, entry in ipairs(redis.call('ZRANGEBYLEX', tree, '-', '+', 'LIMIT', 0, 16)) do
+    local first = redis.call('ZRANGE', tree .. ':' .. leaf_id_of(entry), 0, 0, 'WITHSCORES')
+    if first[1] then return first end
+  end
+  return {}
+end
+
+-- Members of TREE.
+local function tree_count(tree)
+  local n = 0
+  for _, entry in ipairs(redis.call('ZRANGE', tree, 0, -1)) do
+    n = n + redis.call('ZCARD', tree .. ':' .. leaf_id_of(entry))
+  end
+  return n
+end
+
+-- Deletes TREE and its leaves.
+local function tree_delete(tree)
+  for _, entry in ipairs(redis.call('ZRANGE', tree, 0, -1)) do
+    redis.call('DEL', tree .. ':' .. leaf_id_of(entry))
+  end
+  redis.call('DEL', tree)
+end
+
+-- Inflight: the shard's `inflight` hash holds each Life Plan claimed by the shard's
+-- owner, `{claim}|{fire_ms}|{host}`, and once it runs `...|{started_ms}|{attempt}`. A
+-- Plan is Standby in the due tree, Preset or Running here, or finished in its record.
+local function inflight_key() return PREFIX .. 'inflight' end
+
+-- The claim and the host of an `inflight` entry (nil when there is none): cheaper than
+-- inflight_parse, for the scripts that need only these.
+local function inflight_owner(v)
+  if not v then return nil end
+  local a = string.find(v, '|', 1, true)
+  local b = string.find(v, '|', a + 1, true)
+  local c = string.find(v, '|', b + 1, true)
+  return string.sub(v, 1, a - 1), string.sub(v, b + 1, c and c - 1 or -1), c ~= nil
+end
+
+-- An `inflight` entry's fields without building a table: claim, fire ms (a number),
+-- host, and once it runs its start ms and attempt (strings; nil while Preset).
+local function inflight_fields(v)
+  local a = string.find(v, '|', 1, true)
+  local b = string.find(v, '|', a + 1, true)
+  local c = string.find(v, '|', b + 1, true)
+  local fire = tonumber(string.sub(v, a + 1, b - 1))
+  if not c then return string.sub(v, 1, a - 1), fire, string.sub(v, b + 1) end
+  local d = string.find(v, '|', c + 1, true)
+  return string.sub(v, 1, a - 1), fire, string.sub(v, b + 1, c - 1),
+    string.sub(v, c + 1, d - 1), string.sub(v, d + 1)
+end
+
+-- Finished Lives: the shard's `finished` list, `{finish ms, 13 digits}:{uuid}` in the
+-- order they finished (oldest first, as far as the hosts' clocks agree), appended to in
+-- one RPUSH a call and taken from its head by the sweep.
+local function finished_entry(ms, uuid)
+  return string.format('%013d', tonumber(ms)) .. ':' .. uuid
+end
+
+local function inflight_parse(v)
+  if not v then return nil end
+  local claim, fire, host, started, attempt =
+    string.match(v, '^([^|]*)|([^|]*)|([^|]*)|?([^|]*)|?([^|]*)$')
+  return {claim = claim, fire_ms = tonumber(fire), host = host,
+    started_ms = tonumber(started), attempt = tonumber(attempt),
+    running = started ~= nil and started ~= ''}
+end
+
+-- Notes that a Life's record changed while one of its Plans is claimed or running, so
+-- that the run's finish reads the record anew instead of writing the one it was given.
+local function touch_if_inflight(uuid)
+  local f = redis.call('HMGET', inflight_key(), uuid .. ':birth', uuid .. ':death')
+  if f[1] or f[2] then redis.call('SADD', PREFIX .. 'touched', uuid) end
+end
+
+-- The first other Life on the resource whose [birth, death or birth] span meets
+-- [lo, hi], counting only Lives still pending or alive; false when there is none.
+local function resource_conflict(res_key, lo, hi, exclude)
+  local ids = redis.call('ZRANGEBYSCORE', res_key, '-inf', hi)
+  for _, id in ipairs(ids) do
+    if id ~= exclude then
+      local rec = get_record(id)
+      if rec then
+        local h = record_head(rec)
+        if (h.state == 'Inexistent' or h.state == 'Alive')
+            and (h.death_ms or h.birth_ms) >= lo then
+          return id
+        end
+      end
+    end
+  end
+  return false
+end
+
+-- Books a Life and its Plans, or nothing (the body of book.lua, shared with book_idem.lua).
+-- The host built its record (store/record.rs).
+-- KEYS: 1 due (tree), 2 lives (tree), 3 resource index,
+--       FIRST_PLUGIN_KEY.. the `plugin-lives:{name}` sets of the plugins the actions use
+-- ARGV: 1 prefix, 2 uuid, 3 resource_id ('' = none), 4 birth_ms, 5 death_ms ('' for
+--       point), 6 record JSON, 7 now_ms, 8 guard_ms, 9 notify_before_ms
+-- Returns {'ok'} | {'resource_conflict', other_uuid} | {'duplicate'} |
+--   {'pointer', value}: this is the id's home shard and it points to another shard
+--   (the Life is there, or was, or is being booked there)
+local function book_life(first_plugin_key)
+  local uuid, rid = ARGV[2], ARGV[3]
+  local birth_ms, death_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
+  local guard = tonumber(ARGV[8])
+  if rid ~= '' then
+    local other = resource_conflict(KEYS[3], birth_ms - guard, (death_ms or birth_ms) + guard, uuid)
+    if other then return {'resource_conflict', other} end
+  end
+  if get_record(uuid) then return {'duplicate'} end
+  local pointer = redis.call('GET', PREFIX .. 'ptr:' .. uuid)
+  if pointer then return {'pointer', pointer} end
+  put_record(uuid, ARGV[6])
+  if rid ~= '' then
+    redis.call('ZADD', KEYS[3], birth_ms, uuid)
+    redis.call('ZADD', order_key(rid), birth_ms, uuid .. ':birth')
+    -- The death Plan waits outside the due tree until birth is done (finish_life adds
+    -- it), but holds its place in the resource's order from now.
+    if death_ms then redis.call('ZADD', order_key(rid), death_ms, uuid .. ':death') end
+  end
+  census(nil, 'Inexistent')
+  tree_add(KEYS[1], birth_ms, uuid .. ':birth')
+  tree_add(KEYS[2], birth_ms, uuid)
+  for i = first_plugin_key, #KEYS do redis.call('SADD', KEYS[i], uuid) end
+  notify_if_soon(birth_ms, ARGV[9])
+  return {'ok'}
+end
+
+-- Books the callback of a Plan that finished for good (model::Callbacks): a point Life
+-- `uuid` due at once in this shard (the host drew the id to have this shard as its home,
+-- and built its record). Nothing when the Life exists (a finish written twice).
+-- PLUGINS: the plugin names its action uses, separated by spaces.
+local function book_callback(due, lives, uuid, record, plugins, now_ms, notify_before_ms)
+  if uuid == '' or get_record(uuid) then return end
+  put_record(uuid, record)
+  census(nil, 'Inexistent')
+  tree_add(due, now_ms, uuid .. ':birth')
+  tree_add(lives, now_ms, uuid)
+  for name in string.gmatch(plugins, '%S+') do
+    redis.call('SADD', PREFIX .. 'plugin-lives:' .. name, uuid)
+  end
+  notify_if_soon(now_ms, notify_before_ms)
+end
+
+-- book_callback for a timer's or a queue task's run: the callback's plugin, if any, is
+-- read from its record (rare: a callback is mostly a webhook).
+local function book_callback_record(uuid, record, now_ms, notify_before_ms)
+  if uuid == '' then return end
+  local plugins = ''
+  if string.find(record, '"plugin"', 1, true) then
+    local a = cjson.decode(record).a
+    if type(a) == 'table' and type(a.plugin) == 'string' then
+      plugins = string.match(a.plugin, '^[^@]+')
+    end
+  end
+  book_callback(PREFIX .. 'due', PREFIX .. 'lives', uuid, record, plugins, now_ms,
+    notify_before_ms)
+end
+
+-- Members of TREE scored up to MAX.
+local function tree_count_until(tree, max)
+  local n = 0
+  for _, entry in ipairs(redis.call('ZRANGEBYLEX', tree, '-', '+')) do
+    if tonumber(string.sub(entry, 1, 13)) > tonumber(max) then break end
+    n = n + redis.call('ZCOUNT', tree .. ':' .. leaf_id_of(entry), '-inf', max)
+  end
+  return n
 end

@@ -5,44 +5,43 @@
 -- (its first booking + max_wait); a Preset birth is taken back from its host as PATCH
 -- does. Otherwise this booking's Life is booked as new and opens the window. The
 -- record, the Lives and their Plans are in the key's shard.
--- KEYS: 1 debounce record, 2 new life, 3 due, 4 lives,
+-- The host read the key's record and its Life first, decided, and built both records
+-- (store/record.rs); if either changed meanwhile, 'retry': it reads them again.
+-- KEYS: 1 debounce record, 2 due (tree), 3 lives (tree), 4 inflight,
 --       5.. the `plugin-lives:{name}` sets of the plugins the action uses
--- ARGV: 1 prefix, 2 new uuid, 3 birth_ms (now + period), 4 action JSON,
+-- ARGV: 1 prefix, 2 new uuid, 3 birth_ms (now + period), 4 the new Life's record,
 --       5 cap_ms (now + max_wait), 6 now_ms, 7 notify_before_ms, 8 debounce key,
---       9 record expiry ms (past the cap)
--- Returns {'debounced', uuid, fire_ms} | {'booked'} | {'duplicate'}
-local rec = redis.call('HMGET', KEYS[1], 'life', 'cap_ms')
-local fire_ms, action = tonumber(ARGV[3]), ARGV[4]
-if rec[1] then
-  local uuid = rec[1]
-  local lk, plan_id = life_key(uuid), uuid .. ':birth'
-  local pk, pn = plan_of(plan_id)
-  local life = redis.call('HMGET', lk, 'state', 'birth_at_ms', 'cancel_requested')
-  local bstate = redis.call('HGET', pk, pn.state)
-  if life[1] == 'Inexistent' and life[3] ~= '1' and (bstate == 'Standby' or bstate == 'Preset') then
-    local cap = tonumber(rec[2])
-    if cap < fire_ms then fire_ms = cap end
-    release_claim(plan_id)
-    redis.call('HSET', pk, pn.state, 'Standby', pn.fire_at_ms, fire_ms, pn.action, action)
-    redis.call('ZADD', KEYS[3], fire_ms, plan_id)
-    redis.call('ZREM', KEYS[4], lives_member(life[2], uuid))
-    redis.call('ZADD', KEYS[4], 0, lives_member(tostring(fire_ms), uuid))
-    redis.call('HSET', lk, 'birth_at_ms', fire_ms, 'updated_at_ms', ARGV[6])
-    redis.call('HINCRBY', lk, 'version', 1)
-    redis.call('HINCRBY', lk, 'debounced', 1)
-    for i = 5, #KEYS do redis.call('SADD', KEYS[i], uuid) end
-    notify_if_soon(fire_ms, ARGV[7])
-    return {'debounced', uuid, tostring(fire_ms)}
+--       9 record expiry ms (past the cap), 10 the window's Life as read ('' = none),
+--       11 merge into it ('1' / '0'), 12 its record as read, 13 its birth's inflight
+--       entry as read, 14 its merged record, 15 its birth's new time, 16 its birth's
+--       time as read
+-- Returns {'debounced', uuid, fire_ms} | {'booked'} | {'duplicate'} | {'retry'}
+local seen = redis.call('HGET', KEYS[1], 'life') or ''
+if seen ~= ARGV[10] then return {'retry'} end
+if ARGV[11] == '1' then
+  local uuid, plan_id = ARGV[10], ARGV[10] .. ':birth'
+  if (get_record(uuid) or '') ~= ARGV[12] then return {'retry'} end
+  local entry = redis.call('HGET', KEYS[4], plan_id) or ''
+  if entry ~= ARGV[13] then return {'retry'} end
+  put_record(uuid, ARGV[14])
+  if entry ~= '' then
+    redis.call('HDEL', KEYS[4], plan_id)
+  else
+    tree_rem(KEYS[2], ARGV[16], plan_id)
   end
+  tree_add(KEYS[2], ARGV[15], plan_id)
+  tree_rem(KEYS[3], ARGV[16], uuid)
+  tree_add(KEYS[3], ARGV[15], uuid)
+  for i = 5, #KEYS do redis.call('SADD', KEYS[i], uuid) end
+  notify_if_soon(ARGV[15], ARGV[7])
+  return {'debounced', uuid, ARGV[15]}
 end
 local uuid = ARGV[2]
-if redis.call('EXISTS', KEYS[2]) == 1 then return {'duplicate'} end
-redis.call('HSET', KEYS[2], 'schedule_type', 'point', 'state', 'Inexistent',
-  'birth_at_ms', ARGV[3], 'created_at_ms', ARGV[6], 'debounce_key', ARGV[8],
-  'b.state', 'Standby', 'b.fire_at_ms', ARGV[3], 'b.action', action)
+if get_record(uuid) then return {'duplicate'} end
+put_record(uuid, ARGV[4])
 census(nil, 'Inexistent')
-redis.call('ZADD', KEYS[3], ARGV[3], uuid .. ':birth')
-redis.call('ZADD', KEYS[4], 0, lives_member(ARGV[3], uuid))
+tree_add(KEYS[2], ARGV[3], uuid .. ':birth')
+tree_add(KEYS[3], ARGV[3], uuid)
 for i = 5, #KEYS do redis.call('SADD', KEYS[i], uuid) end
 redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'life', uuid, 'cap_ms', ARGV[5])

@@ -13,13 +13,13 @@
 -- ARGV: 1 prefix, 2 host, 3 now_ms, 4 notify_before_ms, 5 runs stream max length,
 --       6 tombstone ms, then per run 10 values: plan_id, claim, outcome, next_ms,
 --       status ('' = none), error ('' = none), history outcome word, record JSON,
---       callback Life id and action ('' = none: see book_callback)
+--       callback Life id and its record ('' = none: see book_callback_record)
 -- Returns per run: 'ok' | 'lost'
 local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
 local out, done_ids = {}, {}
 
 local function apply(plan_id, claim, outcome, next_ms, status, err, word, record,
-    callback, callback_action)
+    callback, callback_record)
   local queue, task = string.match(plan_id, '^([^/]+)/(.*):task$')
   local qk = PREFIX .. 'queue:' .. queue
   local pk = plan_key(plan_id)
@@ -51,7 +51,7 @@ local function apply(plan_id, claim, outcome, next_ms, status, err, word, record
     redis.call('ZADD', qk .. ':failed', now_ms, task)
   end
   if outcome ~= 'retry' then
-    book_callback(callback, callback_action, plan_id, now_ms, notify_before)
+    book_callback_record(callback, callback_record, now_ms, notify_before)
   end
   return 'ok'
 end

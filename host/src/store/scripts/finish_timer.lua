@@ -11,14 +11,14 @@
 --   again: NEXT_MS '') rests in state Inactive.
 -- A call retried after its reply was lost finds its own `done_by` mark and answers 'ok'
 -- without logging the run twice.
--- KEYS: 1 held, 2 due, 3 runs, 4 timer, 5 plan, 6 timer runs list
+-- KEYS: 1 held, 2 timers_due, 3 runs, 4 timer, 5 plan, 6 timer runs list
 -- ARGV: 1 prefix, 2 host, 3 name, 4 claim, 5 outcome, 6 next_ms ('' = none),
 --       7 next_rfc, 8 version, 9 record JSON, 10 now_ms, 11 notify_before_ms,
 --       12 runs stream max length, 13 runs kept per timer, 14 next slot ms ('' = the
 --       next fire time itself; else the missed or overlapping slot a run fired at once
 --       stands for), 15 catch-up runs (late runs of the catch-up under way, the next
 --       included; 0 = none: the counter is dropped), 16 callback Life id and 17 its
---       action ('' = none: see book_callback), 18 now_rfc, 19.. skip records (JSON)
+--       record ('' = none: see book_callback_record), 18 now_rfc, 19.. skip records (JSON)
 -- Returns 'ok' | 'lost' | 'changed'
 local host, name, claim, outcome = ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 -- The outcome as the run's record says it (`success`, `retry`, `failed`), for the
@@ -48,7 +48,7 @@ end
 log_run(record, word)
 for i = 19, #ARGV do log_run(ARGV[i], 'skipped') end
 if outcome ~= 'retry' then
-  book_callback(ARGV[16], ARGV[17], plan_id, now_ms, ARGV[18], ARGV[11])
+  book_callback_record(ARGV[16], ARGV[17], now_ms, ARGV[11])
 end
 redis.call('LTRIM', KEYS[6], 0, tonumber(ARGV[13]) - 1)
 redis.call('HSET', KEYS[4], 'last_run_at_ms', now_ms, 'last_outcome', word)

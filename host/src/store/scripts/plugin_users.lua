@@ -17,7 +17,8 @@ if ARGV[3] == 'lives' then
   local page = redis.call('SSCAN', KEYS[1], ARGV[4], 'COUNT', count)
   local gone = {}
   for _, uuid in ipairs(page[2]) do
-    local state = redis.call('HGET', life_key(uuid), 'state')
+    local rec = get_record(uuid)
+    local state = rec and record_head(rec).state
     if state == 'Inexistent' or state == 'Alive' then
       found[#found + 1] = uuid
     else

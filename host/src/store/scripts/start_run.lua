@@ -8,9 +8,9 @@
 -- - it refuses the whole batch when this host no longer works the shard: 'expired' when
 --   its lease on the shard has run out by Redis's clock (another host may be taking the
 --   shard over, and this one must renew first), 'lost' when another host owns it;
--- - it invalidates a birth later than birth_delay_limit_time (by Redis's clock), except
---   that a term birth whose earlier attempt was cut off by a crash (it may have reached
---   its target) is not run again but its death still follows;
+-- - it holds back a Life's birth later than birth_delay_limit_time (by Redis's clock):
+--   'late', which its host records (Invalidated, or for a term birth cut off by a crash
+--   before, its death still following);
 -- - a Plan of a resource waits ('busy') while an earlier Plan of that resource is
 --   unfinished (the resource's order set, see common.lua);
 -- - a queue task must be admitted by its queue: not paused, fewer than max_concurrent of
@@ -26,18 +26,20 @@
 -- - a queue task whose first attempt has not started by its `expires_at_ms` (its ETA plus
 --   `expire_after`) never starts: it is dropped ('dropped') into its queue's failed list
 --   as Expired, with the reason recorded. Retries of a task that started are not bound.
--- KEYS: 1 held, 2 runs, 3 owner
+-- KEYS: 1 held, 2 runs, 3 owner, 4 inflight
 -- ARGV: 1 prefix, 2 host, 3 gen, 4 birth_delay_limit_ms, 5 runs stream max length,
---       then per Plan: plan_id, claim
--- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'invalidated' | 'deferred' |
---   'dropped' | 'expired'
+--       then per Plan: plan_id, claim, attempt (a Life's Plan: the one this run is, from
+--       its record), resource_id (a Life's Plan: '' = none)
+-- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'late:{ms}' | 'deferred' |
+--   'dropped' | 'expired'. A Life's birth later than birth_delay_limit_time is not
+--   started ('late'): its host records it Invalidated (finish_life), still under its claim.
 local host, limit = ARGV[2], tonumber(ARGV[4])
 local now_ms = redis_now_ms()
 local out = {}
 
 local owned = ownership(host, ARGV[3])
 if owned ~= 'ok' then
-  for _ = 6, #ARGV, 2 do out[#out + 1] = owned end
+  for _ = 6, #ARGV, 4 do out[#out + 1] = owned end
   return out
 end
 
@@ -148,12 +150,6 @@ local function admit_task(queue, member, ck, pk, pn, token, key_token)
   return 0
 end
 
-local function record_invalidated(uuid, f, late_err)
-  return cjson.encode({plan = 'birth', attempt = (tonumber(f[6]) or 0) + 1,
-    should_run_at = tonumber(f[4]), started_at = now_ms, duration_ms = 0, host = host,
-    outcome = 'invalidated', error = late_err})
-end
-
 -- A task whose first attempt did not start by its expires_at_ms (f[9]): into its
 -- queue's failed list as Expired, never run.
 local function drop_expired_task(plan_id, pk, pn, f)
@@ -172,9 +168,7 @@ local function drop_expired_task(plan_id, pk, pn, f)
     'record', record)
 end
 
-for i = 6, #ARGV, 2 do
-  local plan_id, claim = ARGV[i], ARGV[i + 1]
-  local uuid, kind = string.match(plan_id, '^(.*):(%a+)$')
+local function start_plan(plan_id, claim)
   local pk, pn = plan_of(plan_id)
   local f = redis.call('HMGET', pk, pn.state, pn.lease_owner, pn.claims, pn.fire_at_ms,
     pn.resource_id, pn.attempts, pn.interrupted, pn.term, pn.expires_at_ms, pn.ck,
@@ -184,41 +178,6 @@ for i = 6, #ARGV, 2 do
     result = 'run:' .. (f[6] or '1')
   elseif f[1] ~= 'Preset' or f[2] ~= host or f[3] ~= claim then
     result = 'lost'
-  elseif kind == 'birth' and now_ms - tonumber(f[4]) > limit then
-    local late = now_ms - tonumber(f[4])
-    local lk = life_key(uuid)
-    redis.call('HDEL', pk, pn.lease_owner)
-    redis.call('ZREM', KEYS[1], plan_id)
-    leave_order(plan_id, f[5] or false)
-    if f[7] and f[8] == '1' then
-      -- An attempt of this birth was cut off by a crash and may have reached its
-      -- target. Too late to run again, but the resource must not be left activated:
-      -- the Life counts as Alive (birth_uncertain) and its death runs at its time.
-      local err = 'birth missed by ' .. late .. ' ms, more than birth_delay_limit_time, after an attempt cut off by a host crash that may have reached the target; not run again, its death follows'
-      local record = record_invalidated(uuid, f, err)
-      redis.call('HSET', pk, pn.state, 'Invalidated', pn.last_error, err)
-      local death_id = uuid .. ':death'
-      local dk, dn = plan_of(death_id)
-      local death_ms = redis.call('HGET', dk, dn.fire_at_ms)
-      census(redis.call('HGET', lk, 'state'), 'Alive')
-      redis.call('HSET', lk, 'state', 'Alive', 'birth_uncertain', 1, 'updated_at_ms', now_ms,
-        'run:birth:invalidated', record)
-      if death_ms then
-        redis.call('ZADD', PREFIX .. 'due', death_ms, death_id)
-        notify_if_soon(death_ms, death_ms)
-      end
-      add_run(KEYS[2], ARGV[5], 'life', uuid, 'plan', 'birth',
-        'outcome', 'invalidated', 'record', record)
-    else
-      local err = 'birth missed by ' .. late .. ' ms, more than birth_delay_limit_time'
-      local record = record_invalidated(uuid, f, err)
-      redis.call('HSET', pk, pn.state, 'Invalidated', pn.last_error, err)
-      cancel_plan(uuid .. ':death')
-      finish_life(lk, uuid, 'Invalidated', now_ms, 'run:birth:invalidated', record)
-      add_run(KEYS[2], ARGV[5], 'life', uuid, 'plan', 'birth',
-        'outcome', 'invalidated', 'record', record)
-    end
-    result = 'invalidated'
   elseif f[9] and now_ms > tonumber(f[9]) and (tonumber(f[6]) or 0) == 0 then
     drop_expired_task(plan_id, pk, pn, f)
     result = 'dropped'
@@ -258,6 +217,51 @@ for i = 6, #ARGV, 2 do
       result = 'deferred'
     end
   end
-  out[#out + 1] = result
+  return result
 end
+
+-- A Life's Plans: their claims are in `inflight`, read for the whole batch at once.
+local function of_life(plan_id)
+  local tail = string.sub(plan_id, -6)
+  return tail == ':birth' or tail == ':death'
+end
+local life_ids = {}
+for i = 6, #ARGV, 4 do
+  if of_life(ARGV[i]) then life_ids[#life_ids + 1] = ARGV[i] end
+end
+local life_inflight = {}
+if #life_ids > 0 then
+  local values = redis.call('HMGET', KEYS[4], unpack(life_ids))
+  for i, id in ipairs(life_ids) do life_inflight[id] = values[i] end
+end
+local started = {}
+
+local function start_life(plan_id, claim, attempt, rid)
+  local v = life_inflight[plan_id]
+  if not v then return 'lost' end
+  local f_claim, fire_ms, f_host, started_ms, f_attempt = inflight_fields(v)
+  if f_claim ~= claim or f_host ~= host then return 'lost' end
+  -- A start retried after its reply was lost gets the applied answer.
+  if started_ms then return 'run:' .. f_attempt end
+  if string.sub(plan_id, -6) == ':birth' and now_ms - fire_ms > limit then
+    return 'late:' .. (now_ms - fire_ms)
+  end
+  if rid ~= '' then
+    local head = redis.call('ZRANGE', order_key(rid), 0, 0)[1]
+    if head and head ~= plan_id then return 'busy' end
+  end
+  started[#started + 1] = plan_id
+  started[#started + 1] = v .. '|' .. now_ms .. '|' .. attempt
+  return 'run:' .. attempt
+end
+
+for i = 6, #ARGV, 4 do
+  local plan_id, claim = ARGV[i], ARGV[i + 1]
+  if of_life(plan_id) then
+    out[#out + 1] = start_life(plan_id, claim, ARGV[i + 2], ARGV[i + 3])
+  else
+    out[#out + 1] = start_plan(plan_id, claim)
+  end
+end
+if #started > 0 then redis.call('HSET', KEYS[4], unpack(started)) end
 return out

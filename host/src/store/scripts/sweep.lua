@@ -1,21 +1,31 @@
 #!lua flags=allow-oom
--- sweep: deletes Lives finished before CUTOFF (their Plans and history are fields of the
--- Life hash) and index entries, and trims the runs stream to the same retention.
--- KEYS: 1 finished, 2 lives, 3 runs
+-- sweep: deletes Lives finished before CUTOFF (their Plans and history are in their
+-- record) with their index entries, from the head of the `finished` list, and trims the
+-- runs stream to the same retention. The list is in finishing order as far as the
+-- hosts' clocks agree: the sweep stops at the first entry not old enough, so that it
+-- never deletes a Life early.
+-- KEYS: 1 finished (list), 2 lives (tree), 3 runs
 -- ARGV: 1 prefix, 2 cutoff ms, 3 batch
 -- Returns the ids of the Lives deleted (their pointers, if any, are in other shards).
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[2], 'LIMIT', 0, tonumber(ARGV[3]))
-for _, uuid in ipairs(ids) do
-  local lk = life_key(uuid)
-  local f = redis.call('HMGET', lk, 'birth_at_ms', 'resource_id', 'state')
-  census(f[3], nil)
-  if f[1] then redis.call('ZREM', KEYS[2], lives_member(f[1], uuid)) end
-  if f[2] then
-    redis.call('ZREM', PREFIX .. 'resource:' .. f[2], uuid)
-    redis.call('ZREM', order_key(f[2]), uuid .. ':birth', uuid .. ':death')
+local cutoff = tonumber(ARGV[2])
+local entries = redis.call('LRANGE', KEYS[1], 0, tonumber(ARGV[3]) - 1)
+local ids = {}
+for _, entry in ipairs(entries) do
+  if tonumber(string.sub(entry, 1, 13)) > cutoff then break end
+  local uuid = string.sub(entry, 15)
+  local rec = get_record(uuid)
+  if rec then
+    local h = record_head(rec)
+    census(h.state, nil)
+    tree_rem(KEYS[2], h.birth_ms, uuid)
+    if h.resource_id then
+      redis.call('ZREM', PREFIX .. 'resource:' .. h.resource_id, uuid)
+      redis.call('ZREM', order_key(h.resource_id), uuid .. ':birth', uuid .. ':death')
+    end
+    del_record(uuid)
   end
-  redis.call('DEL', lk)
-  redis.call('ZREM', KEYS[1], uuid)
+  ids[#ids + 1] = uuid
 end
+if #ids > 0 then redis.call('LTRIM', KEYS[1], #ids, -1) end
 redis.call('XTRIM', KEYS[3], 'MINID', '~', ARGV[2])
 return ids

@@ -1,6 +1,6 @@
 -- timer_delete: DELETE /timers/{name}. The definition and its runs list go at once; a
 -- run under way finishes and then finds no timer (finish_timer deletes the Plan).
--- KEYS: 1 timer, 2 plan, 3 due, 4 timers index, 5 timer runs list
+-- KEYS: 1 timer, 2 plan, 3 timers_due, 4 timers index, 5 timer runs list
 -- ARGV: 1 prefix, 2 name
 -- Returns 'ok' | 'missing'
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end

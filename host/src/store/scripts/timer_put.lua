@@ -7,7 +7,7 @@
 -- slot is then computed when it finishes, and an explicit time (OVERRIDE = '1') is kept
 -- for that moment as next_override_ms (and shown at once as next_run_ms): a `next_run`
 -- set by a client after a run started wins over the slot the run's finish computes.
--- KEYS: 1 timer, 2 plan, 3 due, 4 timers index
+-- KEYS: 1 timer, 2 plan, 3 timers_due, 4 timers index
 -- ARGV: 1 prefix, 2 name, 3 mode ('create' | 'update'), 4 expected version (update),
 --       5 next ms | 'keep' | '', 6 next rfc, 7 override ('1' = NEXT was asked for),
 --       8 action JSON, 9 opts JSON, 10 now_ms, 11 notify_before_ms,

@@ -1,7 +1,7 @@
 -- timer_run: POST /timers/{name}/run. The timer's Plan fires now, unless it is running
 -- (a timer never runs twice at once). After this run the next slot after its end follows
 -- (finish_timer), so the schedule goes on as before.
--- KEYS: 1 timer, 2 plan, 3 due
+-- KEYS: 1 timer, 2 plan, 3 timers_due
 -- ARGV: 1 prefix, 2 name, 3 now_ms, 4 now_rfc, 5 notify_before_ms
 -- Returns 'ok' | 'missing' | 'running'
 if redis.call('EXISTS', KEYS[1]) == 0 then return 'missing' end

@@ -1,0 +1,529 @@
+//! The hot path of firing: claim, start and finish, and what they carry.
+//!
+//! - `claim`: a Life's Plans come off the shard's due tree into `inflight` with their
+//!   Life's record; timers' and tasks' off their due sets into `held` (`scripts/claim.lua`).
+//! - `start_runs`: the fence before any action runs (`scripts/start_run.lua`).
+//! - `finish_lives`: a batch of Life runs recorded, each Life's new record built here from
+//!   the one it was claimed with (`lifecycle.rs`), written only under the run's claim
+//!   (`scripts/finish_life.lua`). Timers and tasks have their own finish scripts
+//!   (timers.rs, queues.rs).
+
+use std::sync::Arc;
+
+use serde_json::{json, Value};
+
+use super::lifecycle::{self, Ended};
+use super::record::{LifeRecord, RunEntry};
+use super::Store;
+use crate::model::{PlanKind, RunOpts};
+
+/// How many times a batch's runs whose Lives changed meanwhile are built again.
+const FINISH_TRIES: usize = 5;
+
+/// A Plan claimed into a host's memory, with what is needed to fire it.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub plan_id: String,
+    /// The shard the Plan is in.
+    pub shard: u32,
+    pub fire_at_ms: i64,
+    /// Fencing token: the Plan's claim counter when this host claimed it.
+    pub claim: String,
+    pub action: String,
+    pub attempts: u32,
+    pub resource_id: Option<String>,
+    /// A timer's priority, retries and timeout (default for Lives and tasks).
+    pub opts: RunOpts,
+    /// A Life's record as it was claimed: its finish writes the record that follows
+    /// from it (`lifecycle::after_run`). None for timers and tasks.
+    pub record: Option<Arc<LifeRecord>>,
+}
+
+/// Whose Plan a claimed Plan is, from its id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner<'a> {
+    /// `{uuid}:{birth|death}`.
+    Life(&'a str, PlanKind),
+    /// `{name}:timer`.
+    Timer(&'a str),
+    /// `{queue}/{task}:task`.
+    Task { queue: &'a str, task: &'a str },
+}
+
+impl Claimed {
+    /// The Life and kind encoded in the plan id `{uuid}:{kind}`.
+    pub fn life_and_kind(&self) -> Option<(&str, PlanKind)> {
+        let (uuid, kind) = self.plan_id.rsplit_once(':')?;
+        Some((uuid, kind.parse().ok()?))
+    }
+
+    /// Whose Plan this is.
+    pub fn owner(&self) -> Option<Owner<'_>> {
+        let (head, kind) = self.plan_id.rsplit_once(':')?;
+        match kind {
+            "timer" => Some(Owner::Timer(head)),
+            "task" => {
+                let (queue, task) = head.split_once('/')?;
+                Some(Owner::Task { queue, task })
+            }
+            other => Some(Owner::Life(head, other.parse().ok()?)),
+        }
+    }
+}
+
+/// What `start_run` decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StartOutcome {
+    /// Run it; this is execution number `attempts`.
+    Run { attempts: u32 },
+    /// This host no longer holds the Plan: drop it.
+    Lost,
+    /// An earlier Plan of the same resource is unfinished: try again shortly.
+    Busy,
+    /// A birth missed by more than birth_delay_limit_time, by so many ms: nothing runs,
+    /// and the host records it Invalidated (`RunOutcome::Invalidated`).
+    Late(i64),
+    /// A queue task its queue does not admit yet (paused, full, or out of tokens): it
+    /// waits in Redis (the queue's waiting set, or `due_tasks`); drop it.
+    Deferred,
+    /// A queue task whose first attempt missed its `expire_after`: recorded as Expired in
+    /// its queue's failed list, nothing to run.
+    Dropped,
+    /// This host's lease ran out: renew it, then try again (the Plan may have been taken
+    /// over meanwhile, which the next try finds out).
+    Expired,
+}
+
+/// How a run ended, as the finish scripts record it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutcome {
+    Done,
+    Retry {
+        next_ms: i64,
+    },
+    Failed,
+    /// A Life's birth that came too late to run (`StartOutcome::Late`).
+    Invalidated,
+}
+
+/// One run as written to the Life's history stream (the host is the batch's).
+#[derive(Debug, Clone)]
+pub struct RunRecord {
+    pub should_run_at_ms: i64,
+    pub started_at_ms: i64,
+    pub duration_ms: u64,
+    pub outcome: &'static str,
+    pub status: Option<u16>,
+    pub error: Option<String>,
+    pub attempt: u32,
+    /// What a plugin returned.
+    pub output: Option<Value>,
+    /// A plugin's log lines.
+    pub logs: Vec<String>,
+    /// The target's `Retry-After`, in ms, when it set the next attempt's time.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// A run whose outcome is to be recorded.
+#[derive(Debug, Clone)]
+pub struct FinishedRun {
+    pub plan: Claimed,
+    pub outcome: RunOutcome,
+    pub record: RunRecord,
+    /// The callback to book with the outcome, when the run finished its Plan for good
+    /// and its action has one for that outcome.
+    pub callback: Option<Callback>,
+}
+
+/// A callback Life booked by a finish script (`book_callback` in `common.lua`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Callback {
+    /// A fresh id whose home is the shard of the finished Plan.
+    pub life_uuid: String,
+    /// The callback action, the outcome in its body or input.
+    pub action_json: String,
+}
+
+impl Callback {
+    /// The callback's Life: a point Life due at `now_ms`, reporting on `of` (a Plan id).
+    fn record(&self, of: &str, now_ms: i64) -> Option<(LifeRecord, Vec<String>)> {
+        let action: crate::model::Action = serde_json::from_str(&self.action_json).ok()?;
+        let life = crate::model::NewLife {
+            life_uuid: self.life_uuid.clone(),
+            schedule_type: crate::model::ScheduleType::Point,
+            resource_id: None,
+            birth_at_ms: now_ms,
+            death_at_ms: None,
+            birth_action: action,
+            death_action: None,
+        };
+        let mut record = lifecycle::booked(&life, now_ms);
+        record.callback_of = Some(of.to_string());
+        let plugins = super::lives::plugin_names(&[Some(&record.birth_action)]);
+        Some((record, plugins))
+    }
+}
+
+impl Callback {
+    /// The two script arguments of a timer's or a task's run's callback, reporting on
+    /// Plan `of` (`book_callback_record` in common.lua): its id and its Life's record, or
+    /// two ''.
+    pub(crate) fn args(callback: &Option<Callback>, of: &str, now_ms: i64) -> (String, String) {
+        match callback
+            .as_ref()
+            .and_then(|c| Some((c, c.record(of, now_ms)?)))
+        {
+            Some((c, (record, _))) => (c.life_uuid.clone(), record.to_json()),
+            None => (String::new(), String::new()),
+        }
+    }
+}
+
+/// What a `claim` call got.
+#[derive(Debug)]
+pub enum ClaimReply {
+    Claimed {
+        plans: Vec<Claimed>,
+        /// When the shard's first task left in `due_tasks` is due.
+        next_task_ms: Option<i64>,
+    },
+    /// The shard is another host's now.
+    Lost,
+    /// This host's lease on the shard ran out: renew, then claim.
+    Expired,
+}
+
+impl Store {
+    /// Claims up to `limit` Plans of `shard` due before `until_ms` (queue tasks: before
+    /// `tasks_until_ms`) for `host` under generation `gen`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn claim(
+        &self,
+        shard: u32,
+        host: &str,
+        gen: u64,
+        until_ms: i64,
+        limit: usize,
+        tasks_until_ms: i64,
+        task_limit: usize,
+    ) -> redis::RedisResult<ClaimReply> {
+        let k = self.shard(shard);
+        type Row = (String, String, String, String, String, String, String);
+        let (word, rows, next_task): (String, Vec<Row>, String) = self
+            .scripts
+            .claim
+            .key(k.due())
+            .key(k.held())
+            .key(k.owner())
+            .key(k.due_tasks())
+            .key(k.claim_seq())
+            .key(k.timers_due())
+            .key(k.inflight())
+            .arg(&k.prefix)
+            .arg(host)
+            .arg(gen)
+            .arg(until_ms)
+            .arg(limit)
+            .arg(tasks_until_ms)
+            .arg(task_limit)
+            .invoke_async(&mut self.conn())
+            .await?;
+        match word.as_str() {
+            "lost" => return Ok(ClaimReply::Lost),
+            "expired" => return Ok(ClaimReply::Expired),
+            _ => {}
+        }
+        let plans = rows
+            .into_iter()
+            .filter_map(|(plan_id, fire, claim, payload, attempts, rid, opts)| {
+                let fire_at_ms = fire.parse::<f64>().map(|f| f as i64).unwrap_or(0);
+                let life_kind = match plan_id.rsplit_once(':') {
+                    Some((_, "birth")) => Some(false),
+                    Some((_, "death")) => Some(true),
+                    _ => None,
+                };
+                if let Some(death) = life_kind {
+                    // A Life's Plan: fired from its record.
+                    let record = match LifeRecord::from_json(&payload) {
+                        Ok(record) => record,
+                        Err(e) => {
+                            tracing::error!(plan = %plan_id, error = %e, "a claimed Life's record is unreadable; its Plan is left held for the audit");
+                            return None;
+                        }
+                    };
+                    let action = record
+                        .action(death)
+                        .map(|a| serde_json::to_string(a).expect("actions serialize"))
+                        .unwrap_or_default();
+                    return Some(Claimed {
+                        plan_id,
+                        shard,
+                        fire_at_ms,
+                        claim,
+                        action,
+                        attempts: record.plan(death).attempts,
+                        resource_id: record.resource_id.clone(),
+                        opts: RunOpts::default(),
+                        record: Some(Arc::new(record)),
+                    });
+                }
+                Some(Claimed {
+                    plan_id,
+                    shard,
+                    fire_at_ms,
+                    claim,
+                    action: payload,
+                    attempts: attempts.parse().unwrap_or(0),
+                    resource_id: (!rid.is_empty()).then_some(rid),
+                    opts: if opts.is_empty() {
+                        RunOpts::default()
+                    } else {
+                        serde_json::from_str(&opts).unwrap_or_default()
+                    },
+                    record: None,
+                })
+            })
+            .collect();
+        Ok(ClaimReply::Claimed {
+            plans,
+            next_task_ms: next_task.parse::<f64>().ok().map(|f| f as i64),
+        })
+    }
+
+    /// Fencing check and Preset -> Running for a batch of one shard's Plans (see
+    /// `scripts/start_run.lua`); lateness and the lease are judged by Redis's clock.
+    pub async fn start_runs(
+        &self,
+        shard: u32,
+        host: &str,
+        gen: u64,
+        plans: &[&Claimed],
+        birth_delay_limit_ms: i64,
+    ) -> redis::RedisResult<Vec<StartOutcome>> {
+        let k = self.shard(shard);
+        let mut invocation = self.scripts.start_run.prepare_invoke();
+        invocation
+            .key(k.held())
+            .key(k.runs())
+            .key(k.owner())
+            .key(k.inflight())
+            .arg(&k.prefix)
+            .arg(host)
+            .arg(gen)
+            .arg(birth_delay_limit_ms)
+            .arg(self.runs_max_len);
+        for plan in plans {
+            // A Life's Plan: the attempt this run is, and its resource.
+            invocation
+                .arg(&plan.plan_id)
+                .arg(&plan.claim)
+                .arg(plan.attempts + 1)
+                .arg(plan.resource_id.as_deref().unwrap_or(""));
+        }
+        let reply: Vec<String> = invocation.invoke_async(&mut self.conn()).await?;
+        Ok(reply
+            .iter()
+            .map(|r| match r.as_str() {
+                "busy" => StartOutcome::Busy,
+                "deferred" => StartOutcome::Deferred,
+                "dropped" => StartOutcome::Dropped,
+                "expired" => StartOutcome::Expired,
+                other => {
+                    if let Some(late) = other.strip_prefix("late:").and_then(|ms| ms.parse().ok()) {
+                        return StartOutcome::Late(late);
+                    }
+                    match other.strip_prefix("run:").and_then(|a| a.parse().ok()) {
+                        Some(attempts) => StartOutcome::Run { attempts },
+                        None => StartOutcome::Lost,
+                    }
+                }
+            })
+            .collect())
+    }
+
+    /// Records a batch of one shard's finished Life runs (`scripts/finish_life.lua`):
+    /// each Life's record after its run (`lifecycle::after_run`), built from the record
+    /// the Plan was claimed with, or (for a Life changed meanwhile: `stale`) from the
+    /// record as it is now. Returns per run whether this host still held the Plan.
+    pub async fn finish_lives(
+        &self,
+        shard: u32,
+        host: &str,
+        runs: &[FinishedRun],
+        now_ms: i64,
+        notify_before_ms: i64,
+    ) -> redis::RedisResult<Vec<bool>> {
+        let mut outcome: Vec<Option<bool>> = vec![None; runs.len()];
+        // Runs whose Life changed while they ran, with the record as it is now.
+        let mut fresh: Vec<Option<(String, LifeRecord)>> = vec![None; runs.len()];
+        for _ in 0..FINISH_TRIES {
+            let todo: Vec<usize> = (0..runs.len()).filter(|i| outcome[*i].is_none()).collect();
+            if todo.is_empty() {
+                break;
+            }
+            let reply = self
+                .finish_lives_once(shard, host, runs, &todo, &fresh, now_ms, notify_before_ms)
+                .await?;
+            for (&i, word) in todo.iter().zip(reply) {
+                match word.as_str() {
+                    "ok" => outcome[i] = Some(true),
+                    "stale" => {
+                        let uuid = runs[i].plan.plan_id.rsplit_once(':').map_or("", |(u, _)| u);
+                        match self.load_in(shard, uuid).await {
+                            Ok(Some(loaded)) => fresh[i] = Some((loaded.text, loaded.record)),
+                            _ => outcome[i] = Some(false),
+                        }
+                    }
+                    _ => outcome[i] = Some(false),
+                }
+            }
+        }
+        Ok(outcome.into_iter().map(|o| o.unwrap_or(false)).collect())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_lives_once(
+        &self,
+        shard: u32,
+        host: &str,
+        runs: &[FinishedRun],
+        todo: &[usize],
+        fresh: &[Option<(String, LifeRecord)>],
+        now_ms: i64,
+        notify_before_ms: i64,
+    ) -> redis::RedisResult<Vec<String>> {
+        let k = self.shard(shard);
+        let mut invocation = self.scripts.finish_life.prepare_invoke();
+        invocation
+            .key(k.due())
+            .key(k.lives())
+            .key(k.finished())
+            .key(k.runs())
+            .key(k.inflight())
+            .arg(&k.prefix)
+            .arg(host)
+            .arg(now_ms)
+            .arg(notify_before_ms)
+            .arg(self.runs_max_len);
+        for &i in todo {
+            let run = &runs[i];
+            let (uuid, kind) = run
+                .plan
+                .life_and_kind()
+                .unwrap_or(("", crate::model::PlanKind::Birth));
+            let (expect, base) = match &fresh[i] {
+                Some((text, record)) => (text.as_str(), record.clone()),
+                None => (
+                    "",
+                    run.plan
+                        .record
+                        .as_deref()
+                        .cloned()
+                        .expect("a Life's Plan is claimed with its record"),
+                ),
+            };
+            let r = &run.record;
+            let entry = RunEntry {
+                plan: if kind == crate::model::PlanKind::Death {
+                    "d"
+                } else {
+                    "b"
+                }
+                .into(),
+                attempt: r.attempt,
+                should_run_at_ms: r.should_run_at_ms,
+                started_at_ms: r.started_at_ms,
+                duration_ms: r.duration_ms as i64,
+                host: host.to_string(),
+                outcome: r.outcome.to_string(),
+                status: r.status.map(i64::from),
+                error: r.error.clone(),
+                output: r.output.clone(),
+                logs: r.logs.clone(),
+                retry_after_ms: r.retry_after_ms.map(|ms| ms as i64),
+            };
+            let ended = match run.outcome {
+                RunOutcome::Done => Ended::Done,
+                RunOutcome::Retry { next_ms } => Ended::Retry { next_ms },
+                RunOutcome::Failed => Ended::Failed,
+                RunOutcome::Invalidated => Ended::Invalidated,
+            };
+            let change = lifecycle::after_run(
+                &base,
+                uuid,
+                kind,
+                ended,
+                entry,
+                format!("{host}#{}", run.plan.claim),
+                now_ms,
+            );
+            let (from, to) = change
+                .census
+                .map(|(f, t)| (f.as_str(), t.as_str()))
+                .unwrap_or(("", ""));
+            let (due_plan, due_ms) = change
+                .due
+                .clone()
+                .map(|(p, ms)| (p, ms.to_string()))
+                .unwrap_or_default();
+            let callback = match (&run.outcome, &run.callback) {
+                (RunOutcome::Retry { .. }, _) | (_, None) => None,
+                (_, Some(c)) => c
+                    .record(&run.plan.plan_id, now_ms)
+                    .map(|(rec, plugins)| (c.life_uuid.clone(), rec.to_json(), plugins.join(" "))),
+            };
+            let (cb_uuid, cb_record, cb_plugins) = callback.unwrap_or_default();
+            let stream = if self.runs_max_len > 0 {
+                run_record_json(host, kind.as_str(), r).to_string()
+            } else {
+                String::new()
+            };
+            invocation
+                .arg(&run.plan.plan_id)
+                .arg(&run.plan.claim)
+                .arg(expect)
+                .arg(change.record.to_json())
+                .arg(from)
+                .arg(to)
+                .arg(due_plan)
+                .arg(due_ms)
+                .arg(change.order_leave.join(" "))
+                .arg(change.record.resource_id.as_deref().unwrap_or(""))
+                .arg(if change.finished { "1" } else { "0" })
+                .arg(cb_uuid)
+                .arg(cb_record)
+                .arg(cb_plugins)
+                .arg(stream)
+                .arg(r.outcome);
+        }
+        invocation.invoke_async(&mut self.conn()).await
+    }
+}
+/// A run as written to history: the same JSON for Lives, timers and tasks.
+pub fn run_record_json(host: &str, plan: &str, r: &RunRecord) -> Value {
+    let mut record = json!({
+        "plan": plan,
+        "attempt": r.attempt,
+        "should_run_at": r.should_run_at_ms,
+        "started_at": r.started_at_ms,
+        "duration_ms": r.duration_ms,
+        "host": host,
+        "outcome": r.outcome,
+    });
+    if let Some(status) = r.status {
+        record["status"] = Value::from(status);
+    }
+    if let Some(error) = &r.error {
+        record["error"] = Value::from(error.as_str());
+    }
+    if let Some(output) = &r.output {
+        record["output"] = output.clone();
+    }
+    if !r.logs.is_empty() {
+        record["logs"] = json!(r.logs);
+    }
+    if let Some(ms) = r.retry_after_ms {
+        record["retry_after_ms"] = Value::from(ms);
+    }
+    record
+}

@@ -1,0 +1,556 @@
+//! Layout 4's Life record: a Life, its Plans and its history as one compact JSON value,
+//! a field of one of its shard's record buckets (`{shard}:r:{n}`, docs/redis-layout.md).
+//!
+//! The host owns this format: it builds a Life's record when it books it and writes it
+//! anew when a run ends or a person changes the Life, and the scripts store it as an
+//! opaque string (checked against the text it replaces, so that no change is lost). A
+//! script reads only the header, the scalars that come first in a fixed order
+//! (`record_head` in common.lua): the Life's state, birth, death and resource.
+//!
+//! Names are short and times are epoch ms only, so that a pending booking costs little
+//! more than its action: `{"b":1923577500000,"c":1764300000000,"a":{...}}` is a point
+//! Life due at `b`, booked at `c`. The API renders a record exactly as layout 3's hash
+//! was rendered ([`LifeRecord::hashes`]).
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::model::Action;
+
+/// Run records kept per Plan (the newest).
+pub const RUNS_KEPT: usize = 50;
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+fn inexistent() -> String {
+    "Inexistent".into()
+}
+fn is_inexistent(s: &String) -> bool {
+    s == "Inexistent"
+}
+
+/// A Life as layout 4 stores it. Field order is the JSON's: the header first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LifeRecord {
+    /// The Life's state (absent: `Inexistent`).
+    #[serde(
+        rename = "s",
+        default = "inexistent",
+        skip_serializing_if = "is_inexistent"
+    )]
+    pub state: String,
+    /// Birth time, ms.
+    #[serde(rename = "b")]
+    pub birth_ms: i64,
+    /// Death time, ms (a term Life).
+    #[serde(rename = "d", default, skip_serializing_if = "Option::is_none")]
+    pub death_ms: Option<i64>,
+    #[serde(rename = "r", default, skip_serializing_if = "Option::is_none")]
+    pub resource_id: Option<String>,
+    /// Booked at, ms.
+    #[serde(rename = "c")]
+    pub created_ms: i64,
+    /// Last changed at, ms (absent until the first change, and when it is `f`).
+    #[serde(rename = "u", default, skip_serializing_if = "Option::is_none")]
+    pub updated_ms: Option<i64>,
+    /// Finished at, ms.
+    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
+    pub finished_ms: Option<i64>,
+    /// Bumped by each PATCH.
+    #[serde(rename = "v", default, skip_serializing_if = "is_zero")]
+    pub version: u64,
+    /// A DELETE came while its birth ran (a term: the death runs at once after it).
+    #[serde(rename = "cr", default, skip_serializing_if = "is_false")]
+    pub cancel_requested: bool,
+    /// A term whose birth was cut off by a crash, then too late to run again: its death
+    /// still runs.
+    #[serde(rename = "bu", default, skip_serializing_if = "is_false")]
+    pub birth_uncertain: bool,
+    /// The Plan whose outcome this (callback) Life reports.
+    #[serde(rename = "cb", default, skip_serializing_if = "Option::is_none")]
+    pub callback_of: Option<String>,
+    /// The debounce key whose window this Life holds, and the bookings merged into it.
+    #[serde(rename = "dk", default, skip_serializing_if = "Option::is_none")]
+    pub debounce_key: Option<String>,
+    #[serde(rename = "dn", default, skip_serializing_if = "is_zero")]
+    pub debounced: u64,
+    /// `{host}#{claim}` of the run whose outcome was written last: a finish retried after
+    /// its reply was lost finds it and writes nothing twice.
+    #[serde(rename = "db", default, skip_serializing_if = "Option::is_none")]
+    pub done_by: Option<String>,
+    #[serde(rename = "B", default, skip_serializing_if = "PlanRecord::is_blank")]
+    pub birth: PlanRecord,
+    #[serde(rename = "D", default, skip_serializing_if = "PlanRecord::is_blank")]
+    pub death: PlanRecord,
+    /// The birth action.
+    #[serde(rename = "a")]
+    pub birth_action: Action,
+    #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
+    pub death_action: Option<Action>,
+    /// The runs, oldest first, the last [`RUNS_KEPT`] of each Plan.
+    #[serde(rename = "h", default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunEntry>,
+}
+
+/// What a Plan has been through, beyond what its Life says.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanRecord {
+    /// Its state once it left Standby for good (`Done`, `Failed`, `Invalidated`,
+    /// `Cancelled`); absent: Standby (or Preset, Running: the shard's `inflight` says).
+    #[serde(rename = "s", default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// When it is due, when that is not its Life's time (a retry, a death moved to now).
+    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
+    pub fire_ms: Option<i64>,
+    /// Runs so far.
+    #[serde(rename = "n", default, skip_serializing_if = "is_zero_u32")]
+    pub attempts: u32,
+    #[serde(rename = "st", default, skip_serializing_if = "Option::is_none")]
+    pub last_status: Option<i64>,
+    #[serde(rename = "e", default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// A run of it was cut off by its host's crash (it may have reached its target).
+    #[serde(rename = "i", default, skip_serializing_if = "is_false")]
+    pub interrupted: bool,
+}
+
+impl PlanRecord {
+    pub fn is_blank(&self) -> bool {
+        *self == PlanRecord::default()
+    }
+}
+
+/// One run in a Life's history (the API shows it with long names: [`RunEntry::view`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunEntry {
+    /// `b` (birth) or `d` (death).
+    #[serde(rename = "p")]
+    pub plan: String,
+    #[serde(rename = "n")]
+    pub attempt: u32,
+    /// When it should have run, ms.
+    #[serde(rename = "at")]
+    pub should_run_at_ms: i64,
+    /// When it started, ms.
+    #[serde(rename = "st")]
+    pub started_at_ms: i64,
+    #[serde(rename = "ms")]
+    pub duration_ms: i64,
+    #[serde(rename = "h")]
+    pub host: String,
+    /// `success`, `retry`, `failed`, `invalidated`, `interrupted`.
+    #[serde(rename = "o")]
+    pub outcome: String,
+    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<i64>,
+    #[serde(rename = "e", default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// What a plugin returned, and its log lines.
+    #[serde(rename = "out", default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<Value>,
+    #[serde(rename = "log", default, skip_serializing_if = "Vec::is_empty")]
+    pub logs: Vec<String>,
+    #[serde(rename = "ra", default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<i64>,
+}
+
+impl RunEntry {
+    fn kind_word(&self) -> &'static str {
+        if self.plan == "d" {
+            "death"
+        } else {
+            "birth"
+        }
+    }
+
+    /// The run as layout 3 kept it (and the API and the `runs` stream show it).
+    pub fn view(&self) -> Value {
+        let mut out = serde_json::json!({
+            "plan": self.kind_word(),
+            "attempt": self.attempt,
+            "should_run_at": self.should_run_at_ms,
+            "started_at": self.started_at_ms,
+            "duration_ms": self.duration_ms,
+            "host": self.host,
+            "outcome": self.outcome,
+        });
+        if let Some(status) = self.status {
+            out["status"] = status.into();
+        }
+        if let Some(error) = &self.error {
+            out["error"] = error.as_str().into();
+        }
+        if let Some(output) = &self.output {
+            out["output"] = output.clone();
+        }
+        if !self.logs.is_empty() {
+            out["logs"] = serde_json::json!(self.logs);
+        }
+        if let Some(ms) = self.retry_after_ms {
+            out["retry_after_ms"] = ms.into();
+        }
+        out
+    }
+
+    /// A run from its layout-3 JSON (`kairos migrate`).
+    pub fn from_view(v: &Value) -> Option<RunEntry> {
+        let plan = match v.get("plan")?.as_str()? {
+            "death" => "d",
+            _ => "b",
+        };
+        Some(RunEntry {
+            plan: plan.into(),
+            attempt: v.get("attempt")?.as_u64()? as u32,
+            should_run_at_ms: v.get("should_run_at").and_then(Value::as_i64).unwrap_or(0),
+            started_at_ms: v.get("started_at").and_then(Value::as_i64).unwrap_or(0),
+            duration_ms: v.get("duration_ms").and_then(Value::as_i64).unwrap_or(0),
+            host: v.get("host").and_then(Value::as_str).unwrap_or("").into(),
+            outcome: v
+                .get("outcome")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .into(),
+            status: v.get("status").and_then(Value::as_i64),
+            error: v.get("error").and_then(Value::as_str).map(str::to_string),
+            output: v.get("output").cloned(),
+            logs: v
+                .get("logs")
+                .and_then(Value::as_array)
+                .map(|l| {
+                    l.iter()
+                        .filter_map(|s| s.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            retry_after_ms: v.get("retry_after_ms").and_then(Value::as_i64),
+        })
+    }
+}
+
+/// A Plan claimed or running, as the shard's `inflight` hash says
+/// (`{claim}|{fire_ms}|{host}` while Preset, `...|{started_ms}|{attempt}` once Running).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inflight {
+    pub claim: String,
+    pub fire_ms: i64,
+    pub host: String,
+    /// Set once it runs: (started at ms, attempt).
+    pub running: Option<(i64, u32)>,
+}
+
+impl Inflight {
+    pub fn parse(text: &str) -> Option<Inflight> {
+        let mut parts = text.split('|');
+        let claim = parts.next()?.to_string();
+        let fire_ms = parts.next()?.parse().ok()?;
+        let host = parts.next()?.to_string();
+        let running = match (parts.next(), parts.next()) {
+            (Some(started), Some(attempt)) => Some((started.parse().ok()?, attempt.parse().ok()?)),
+            _ => None,
+        };
+        Some(Inflight {
+            claim,
+            fire_ms,
+            host,
+            running,
+        })
+    }
+}
+
+type Hash = HashMap<String, String>;
+
+impl LifeRecord {
+    pub fn is_term(&self) -> bool {
+        self.death_ms.is_some()
+    }
+
+    pub fn plan(&self, death: bool) -> &PlanRecord {
+        if death {
+            &self.death
+        } else {
+            &self.birth
+        }
+    }
+
+    pub fn plan_mut(&mut self, death: bool) -> &mut PlanRecord {
+        if death {
+            &mut self.death
+        } else {
+            &mut self.birth
+        }
+    }
+
+    /// When a Plan is due now (its own time, or its Life's).
+    pub fn fire_ms(&self, death: bool) -> i64 {
+        let own = if death {
+            self.death_ms.unwrap_or(self.birth_ms)
+        } else {
+            self.birth_ms
+        };
+        self.plan(death).fire_ms.unwrap_or(own)
+    }
+
+    /// The action of a Plan.
+    pub fn action(&self, death: bool) -> Option<&Action> {
+        if death {
+            self.death_action.as_ref()
+        } else {
+            Some(&self.birth_action)
+        }
+    }
+
+    /// Adds a run to the history, keeping the last [`RUNS_KEPT`] of its Plan.
+    pub fn push_run(&mut self, run: RunEntry) {
+        let plan = run.plan.clone();
+        self.runs.push(run);
+        let of_plan = self.runs.iter().filter(|r| r.plan == plan).count();
+        if of_plan > RUNS_KEPT {
+            let mut drop = of_plan - RUNS_KEPT;
+            self.runs.retain(|r| {
+                if drop > 0 && r.plan == plan {
+                    drop -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a record serializes")
+    }
+
+    pub fn from_json(text: &str) -> Result<LifeRecord, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// The Life, its birth and its death as layout 3's hashes held them, so that the API
+    /// renders both layouts alike: `inflight` is each Plan's entry in the shard's
+    /// `inflight` hash (Preset or Running), if any.
+    pub fn hashes(&self, inflight: [Option<&Inflight>; 2]) -> (Hash, Hash, Hash) {
+        let mut life = Hash::new();
+        let put = |h: &mut Hash, k: &str, v: String| {
+            h.insert(k.to_string(), v);
+        };
+        put(
+            &mut life,
+            "schedule_type",
+            if self.is_term() { "term" } else { "point" }.into(),
+        );
+        put(&mut life, "state", self.state.clone());
+        if let Some(rid) = &self.resource_id {
+            put(&mut life, "resource_id", rid.clone());
+        }
+        put(&mut life, "birth_at_ms", self.birth_ms.to_string());
+        if let Some(d) = self.death_ms {
+            put(&mut life, "death_at_ms", d.to_string());
+        }
+        put(&mut life, "created_at_ms", self.created_ms.to_string());
+        if let Some(u) = self.updated_ms.or(self.finished_ms) {
+            put(&mut life, "updated_at_ms", u.to_string());
+        }
+        if let Some(f) = self.finished_ms {
+            put(&mut life, "finished_at_ms", f.to_string());
+        }
+        if self.version > 0 {
+            put(&mut life, "version", self.version.to_string());
+        }
+        if self.cancel_requested {
+            put(&mut life, "cancel_requested", "1".into());
+        }
+        if self.birth_uncertain {
+            put(&mut life, "birth_uncertain", "1".into());
+        }
+        if let Some(of) = &self.callback_of {
+            put(&mut life, "callback_of", of.clone());
+        }
+        if let Some(key) = &self.debounce_key {
+            put(&mut life, "debounce_key", key.clone());
+            if self.debounced > 0 {
+                put(&mut life, "debounced", self.debounced.to_string());
+            }
+        }
+        for run in &self.runs {
+            put(
+                &mut life,
+                &format!("run:{}:{}", run.kind_word(), run.attempt),
+                run.view().to_string(),
+            );
+        }
+        let plan_hash = |death: bool, inflight: Option<&Inflight>| {
+            let p = self.plan(death);
+            let mut h = Hash::new();
+            let state = match (&p.state, inflight) {
+                (Some(s), _) => s.clone(),
+                (None, Some(f)) if f.running.is_some() => "Running".into(),
+                (None, Some(_)) => "Preset".into(),
+                (None, None) => "Standby".into(),
+            };
+            h.insert("state".into(), state);
+            h.insert(
+                "fire_at_ms".into(),
+                inflight
+                    .map(|f| f.fire_ms)
+                    .unwrap_or_else(|| self.fire_ms(death))
+                    .to_string(),
+            );
+            if p.attempts > 0 {
+                h.insert("attempts".into(), p.attempts.to_string());
+            }
+            if let Some(s) = p.last_status {
+                h.insert("last_status".into(), s.to_string());
+            }
+            if let Some(e) = &p.last_error {
+                h.insert("last_error".into(), e.clone());
+            }
+            if p.interrupted {
+                h.insert("interrupted".into(), "1".into());
+            }
+            if let Some(f) = inflight {
+                h.insert("lease_owner".into(), f.host.clone());
+                if let Some((started, _)) = f.running {
+                    h.insert("started_at_ms".into(), started.to_string());
+                }
+            }
+            if let Some(a) = self.action(death) {
+                h.insert(
+                    "action".into(),
+                    serde_json::to_string(a).expect("actions serialize"),
+                );
+            }
+            h
+        };
+        let birth = plan_hash(false, inflight[0]);
+        let death = if self.is_term() {
+            plan_hash(true, inflight[1])
+        } else {
+            Hash::new()
+        };
+        (life, birth, death)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending_point() -> LifeRecord {
+        LifeRecord {
+            state: inexistent(),
+            birth_ms: 1_923_577_500_000,
+            death_ms: None,
+            resource_id: None,
+            created_ms: 1_764_300_000_000,
+            updated_ms: None,
+            finished_ms: None,
+            version: 0,
+            cancel_requested: false,
+            birth_uncertain: false,
+            callback_of: None,
+            debounce_key: None,
+            debounced: 0,
+            done_by: None,
+            birth: PlanRecord::default(),
+            death: PlanRecord::default(),
+            birth_action: serde_json::from_value(
+                serde_json::json!({"path": "/hook", "method": "POST", "body": {"n": 1}}),
+            )
+            .unwrap(),
+            death_action: None,
+            runs: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_pending_point_life_is_its_time_its_booking_and_its_action() {
+        let r = pending_point();
+        let text = r.to_json();
+        assert_eq!(
+            text,
+            r#"{"b":1923577500000,"c":1764300000000,"a":{"path":"/hook","method":"POST","body":{"n":1}}}"#
+        );
+        assert_eq!(LifeRecord::from_json(&text).unwrap(), r);
+    }
+
+    #[test]
+    fn the_header_comes_first_in_a_fixed_order() {
+        let mut r = pending_point();
+        r.state = "Alive".into();
+        r.death_ms = Some(1_923_577_600_000);
+        r.resource_id = Some("conn-42".into());
+        r.death_action = r.action(false).cloned();
+        let text = r.to_json();
+        assert!(
+            text.starts_with(
+                r#"{"s":"Alive","b":1923577500000,"d":1923577600000,"r":"conn-42","c":"#
+            ),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn history_keeps_the_last_runs_of_each_plan() {
+        let mut r = pending_point();
+        let run = |plan: &str, attempt: u32| RunEntry {
+            plan: plan.into(),
+            attempt,
+            should_run_at_ms: 1,
+            started_at_ms: attempt as i64,
+            duration_ms: 1,
+            host: "h".into(),
+            outcome: "retry".into(),
+            status: Some(503),
+            error: None,
+            output: None,
+            logs: Vec::new(),
+            retry_after_ms: None,
+        };
+        r.push_run(run("d", 1));
+        for n in 1..=(RUNS_KEPT as u32 + 5) {
+            r.push_run(run("b", n));
+        }
+        let births: Vec<u32> = r
+            .runs
+            .iter()
+            .filter(|r| r.plan == "b")
+            .map(|r| r.attempt)
+            .collect();
+        assert_eq!(births.len(), RUNS_KEPT);
+        assert_eq!(births[0], 6);
+        assert_eq!(r.runs.iter().filter(|r| r.plan == "d").count(), 1);
+        let view = r.runs[0].view();
+        assert_eq!(view["plan"], "death");
+        assert_eq!(RunEntry::from_view(&view).unwrap(), r.runs[0]);
+    }
+
+    #[test]
+    fn inflight_entries_read_back() {
+        assert_eq!(
+            Inflight::parse("17|1000|h1"),
+            Some(Inflight {
+                claim: "17".into(),
+                fire_ms: 1000,
+                host: "h1".into(),
+                running: None
+            })
+        );
+        assert_eq!(
+            Inflight::parse("17|1000|h1|1005|2").unwrap().running,
+            Some((1005, 2))
+        );
+        assert_eq!(Inflight::parse("garbage"), None);
+    }
+}
