@@ -51,11 +51,14 @@ async fn a_life_is_found_by_id_wherever_its_resource_put_it() {
         .unwrap();
     // Stored in the resource's shard, with a pointer in the id's home shard.
     let mut conn = redis.conn().await;
-    let in_resource: bool = conn
-        .exists(store.shard(p.resource(&rid)).life("far"))
+    let in_resource = kairos::store::inspect::life(&mut conn, store.shard(p.resource(&rid)), "far")
         .await
         .unwrap();
-    assert!(in_resource);
+    assert!(in_resource.is_some(), "no record in the resource's shard");
+    let in_home = kairos::store::inspect::life(&mut conn, store.shard(p.home("far")), "far")
+        .await
+        .unwrap();
+    assert!(in_home.is_none(), "a record in the home shard too");
     let pointer: String = conn
         .get(store.shard(p.home("far")).pointer("far"))
         .await
