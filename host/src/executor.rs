@@ -16,9 +16,9 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::actions::webhook::{CallContext, CallResult, STATUS_CONNECT_ERROR};
 use crate::actions::Fence;
+use crate::engine::Engine;
 use crate::model::{Action, PlanKind, DEFAULT_TIMER_RETRIES};
 use crate::plugins::{Invocation, InvokeContext};
-use crate::scheduler::Engine;
 use crate::store::{Callback, Claimed, FinishedRun, Owner, RunOutcome, RunRecord, StartOutcome};
 
 /// Pause before a Plan whose resource is busy tries again.
@@ -180,8 +180,6 @@ pub(crate) async fn bounded(
         })
 }
 
-/// Most Plans one `start_run` call fences.
-pub(crate) const START_BATCH: usize = 256;
 /// Most runs one `finish_run` call records.
 const FINISH_BATCH: usize = 256;
 /// Least time recording an outcome is retried while Redis is away (a restart of Redis

@@ -30,6 +30,7 @@ pub mod bookings;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod executor;
 pub mod http_server;

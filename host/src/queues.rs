@@ -20,9 +20,9 @@ use std::collections::{BTreeSet, HashMap};
 use serde::Deserialize;
 use serde_json::Value;
 
+use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::model::check_name;
-use crate::scheduler::Engine;
 use crate::store::{FinishedRun, Owner, RunOutcome};
 
 /// The queue that always exists.

@@ -11,10 +11,10 @@ use crate::api::{self, App};
 use crate::bookings::Bookings;
 use crate::clock::{Clock, ManualClock, SystemClock};
 use crate::config::Config;
+use crate::engine::Engine;
 use crate::managed_redis::ManagedRedis;
 use crate::outbound::{OutboundPolicy, PolicyResolver};
 use crate::plugins::{PluginRuntime, RuntimeSettings};
-use crate::scheduler::Engine;
 use crate::store::{OpenError, Store};
 
 /// The `hash-max-listpack-value` kairos's own redis-server runs with (managed_redis.rs),
@@ -171,7 +171,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             listener,
             api::metrics_router(app.clone()),
             async move {
-                crate::scheduler::until_shutdown(&mut metrics_shutdown).await;
+                crate::engine::until_shutdown(&mut metrics_shutdown).await;
             },
             Duration::from_secs(1),
         ));
@@ -181,7 +181,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         listener,
         api::router(app),
         async move {
-            crate::scheduler::until_shutdown(&mut api_shutdown).await;
+            crate::engine::until_shutdown(&mut api_shutdown).await;
         },
         config.shutdown_timeout,
     );

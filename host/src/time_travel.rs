@@ -7,8 +7,8 @@
 use std::time::{Duration, Instant};
 
 use crate::clock::{Clock, ManualClock};
+use crate::engine::Engine;
 use crate::error::ApiError;
-use crate::scheduler::Engine;
 
 /// Most steps one move takes (one per distinct fire time).
 const MAX_STEPS: usize = 100_000;

@@ -20,11 +20,11 @@ use chrono_tz::Tz;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::model::DEFAULT_TIMER_RETRIES;
 use crate::model::{Action, RunOpts};
 use crate::schedule::{Checked, Clock, DstRule, Gap, Repeated, Schedule};
-use crate::scheduler::Engine;
 use crate::store::{self, FinishedRun, Owner, RunOutcome, TimerFinish};
 
 /// Fire times shown by `GET /timers/{name}` unless `?preview=` says otherwise.

@@ -124,3 +124,38 @@ fn the_shared_types_stand_on_their_own() {
     }
     assert!(found.is_empty(), "{}", found.join("\n"));
 }
+
+#[test]
+fn the_engine_roles_name_the_engine_and_not_each_other() {
+    // scheduler.rs, executor.rs and supervisor.rs each add methods to `engine::Engine`;
+    // the state they share lives in `engine/`, so that none of them names another and
+    // `engine/` names none of them.
+    let roles = ["scheduler", "executor", "supervisor"];
+    let mut found = Vec::new();
+    let mut checked = 0;
+    for (name, text) in files() {
+        let own = name.strip_suffix(".rs").unwrap_or(&name);
+        let banned: Vec<String> = if name.starts_with("engine/") {
+            roles.iter().map(|r| format!("crate::{r}")).collect()
+        } else if roles.contains(&own) {
+            roles
+                .iter()
+                .filter(|r| **r != own)
+                .map(|r| format!("crate::{r}"))
+                .collect()
+        } else {
+            continue;
+        };
+        checked += 1;
+        let banned: Vec<&str> = banned.iter().map(String::as_str).collect();
+        for line in naming(&text, &banned) {
+            found.push(format!("{name}: {line}"));
+        }
+    }
+    assert!(checked >= 4, "the engine's files were not found");
+    assert!(
+        found.is_empty(),
+        "an import circle among the engine's roles:\n{}",
+        found.join("\n")
+    );
+}

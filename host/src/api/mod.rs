@@ -41,9 +41,9 @@ use crate::bookings::request::{self as booking, Rules};
 use crate::bookings::Bookings;
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::engine::Engine;
 use crate::error::ApiError;
 use crate::plugins::PluginRuntime;
-use crate::scheduler::Engine;
 use crate::store::Store;
 
 /// What every handler shares.

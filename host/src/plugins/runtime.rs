@@ -592,7 +592,7 @@ impl PluginRuntime {
     /// any host (it watches the registry's version counters), it loads each latest
     /// version: from the disk cache when this host compiled it before, else from Redis,
     /// compiled and cached. At most [`MAX_RESIDENT_COMPONENTS`] plugins are kept warm.
-    pub async fn keep_warm(self: Arc<Self>, mut shutdown: crate::scheduler::ShutdownSignal) {
+    pub async fn keep_warm(self: Arc<Self>, mut shutdown: crate::engine::ShutdownSignal) {
         let mut seen = None;
         loop {
             match self.registry().version_counters().await {
@@ -605,7 +605,7 @@ impl PluginRuntime {
             }
             tokio::select! {
                 _ = tokio::time::sleep(WARM_EVERY) => {}
-                _ = crate::scheduler::until_shutdown(&mut shutdown) => return,
+                _ = crate::engine::until_shutdown(&mut shutdown) => return,
             }
         }
     }
