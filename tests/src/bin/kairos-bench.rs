@@ -609,6 +609,24 @@ async fn redis_cpu_us(redis: &RedisServer) -> f64 {
     (field("used_cpu_sys") + field("used_cpu_user")) * 1e6
 }
 
+/// CPU time (user + system) process `pid` has used so far, in µs, from
+/// `/proc/<pid>/stat` (fields 14 and 15, in clock ticks); None off Linux.
+fn process_cpu_us(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces; the fields after it do not.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let fields: Vec<&str> = rest.split(' ').collect();
+    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    let hz = std::process::Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|t| t.trim().parse::<f64>().ok())
+        .unwrap_or(100.0);
+    Some(ticks / hz * 1e6)
+}
+
 /// A host that fires to the bench sink at `sink_url`, booking half a second ahead and
 /// holding up to 200,000 claimed Plans, with `extra` flags.
 fn firing_host(redis: &RedisServer, sink_url: &str, extra: &[(&str, &str)]) -> Host {
@@ -653,6 +671,8 @@ async fn bench_cpu() {
         .await
         .unwrap();
     let before = redis_cpu_us(&redis).await;
+    let host_pid = host.pid();
+    let host_before = host_pid.and_then(process_cpu_us);
     let deadline = Instant::now() + Duration::from_secs(120);
     while sink.arrivals.lock().unwrap().len() < count {
         assert!(Instant::now() < deadline, "not every Plan fired");
@@ -669,6 +689,7 @@ async fn bench_cpu() {
     // The last finish batches are written just after the last call.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let after = redis_cpu_us(&redis).await;
+    let host_after = host_pid.and_then(process_cpu_us);
     let stats: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(&mut conn)
@@ -702,6 +723,12 @@ async fn bench_cpu() {
         .sum();
     println!("| measure | result |\n|---|---|");
     println!("| Redis CPU (`used_cpu_sys` + `used_cpu_user`) per fire, claim to finish | **{per_fire:.1} µs** |");
+    if let (Some(b), Some(a)) = (host_before, host_after) {
+        println!(
+            "| host process CPU (user + system, `/proc/<pid>/stat`) per fire, same span | {:.1} µs |",
+            (a - b) / count as f64
+        );
+    }
     println!(
         "| script calls / Redis commands (inside scripts too) per fire | {:.3} / {:.1} |",
         scripts as f64 / count as f64,
