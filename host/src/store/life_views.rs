@@ -194,6 +194,15 @@ impl Store {
                 exhausted = true;
                 break;
             }
+            // Without a state filter every Life read fills the page: read only as many as
+            // it still lacks (a pass may merge a few hundred ids), and go on from there.
+            let mut members = members;
+            let mut complete = complete;
+            let lacking = filter.limit - page.len();
+            if filter.state.is_none() && members.len() > lacking {
+                members.truncate(lacking);
+                complete = false;
+            }
             let lives = self
                 .summaries_by_shard(
                     members
