@@ -322,8 +322,16 @@ local function record_buckets()
   return record_count
 end
 
+-- The last id's key: a script that reads a record and writes it back hashes the id once.
+local last_record_id, last_record_key, last_record_n = nil, nil, nil
+
 local function record_key(id)
-  return PREFIX .. 'r:' .. bucket_index(id_hash(id), record_buckets())
+  local n = record_buckets()
+  if id ~= last_record_id or n ~= last_record_n then
+    last_record_id, last_record_n = id, n
+    last_record_key = PREFIX .. 'r:' .. bucket_index(id_hash(id), n)
+  end
+  return last_record_key
 end
 
 local function get_record(id)
@@ -476,16 +484,25 @@ local function tree_range(tree, min, after, max, limit)
   end
   while entry do
     local leaf = tree .. ':' .. leaf_id_of(entry)
-    local items = redis.call('ZRANGEBYSCORE', leaf, min, max, 'WITHSCORES',
-      'LIMIT', 0, limit - #out / 2 + 200)
-    for i = 1, #items, 2 do
-      local skip = after ~= '' and tonumber(items[i + 1]) == tonumber(min)
-        and bytes_le(items[i], after)
-      if not skip then
-        out[#out + 1] = items[i]
-        out[#out + 1] = items[i + 1]
-        if #out / 2 >= limit then return out end
+    -- Read a leaf in pieces of what the page still lacks (and one more for the member
+    -- at the cursor, skipped), not whole: a leaf holds up to TREE_LEAF_MAX members and
+    -- each one read costs the Lua bridge.
+    local offset = 0
+    while true do
+      local want = limit - #out / 2 + 1
+      local items = redis.call('ZRANGEBYSCORE', leaf, min, max, 'WITHSCORES',
+        'LIMIT', offset, want)
+      for i = 1, #items, 2 do
+        local skip = after ~= '' and tonumber(items[i + 1]) == tonumber(min)
+          and bytes_le(items[i], after)
+        if not skip then
+          out[#out + 1] = items[i]
+          out[#out + 1] = items[i + 1]
+          if #out / 2 >= limit then return out end
+        end
       end
+      if #items / 2 < want then break end
+      offset = offset + #items / 2
     end
     local nxt = redis.call('ZRANGEBYLEX', tree, '(' .. entry, '+', 'LIMIT', 0, 1)[1]
     if not nxt or (max ~= '+inf' and tonumber(string.sub(nxt, 1, 13)) > tonumber(max)) then
