@@ -39,6 +39,7 @@ mod life_sweep;
 mod life_views;
 pub mod lifecycle;
 mod lives;
+mod lua_prelude;
 mod memory;
 pub mod migrate;
 mod migrate4;
@@ -160,7 +161,7 @@ pub fn rfc3339(ms: i64, tz: Tz) -> String {
 
 macro_rules! scripts {
     ($($name:ident),* $(,)?) => {
-        /// Every script, each with `common.lua` prepended.
+        /// Every script, each with the helpers of `common.lua` it needs prepended.
         pub(crate) struct Scripts {
             $(pub(crate) $name: Script,)*
             /// `kairos migrate` to layout 3 (from layouts 1 and 2), with the helpers
@@ -226,7 +227,7 @@ scripts!(
     census_rebuild,
 );
 
-/// A script's text with `common.lua` prepended; a first line `#!lua flags=...` (Redis 7)
+/// A script's text with the helpers of `common.lua` it needs prepended (`lua_prelude.rs`); a first line `#!lua flags=...` (Redis 7)
 /// stays first.
 fn script(body: &str) -> Script {
     Script::new(&script_text(body))
@@ -237,7 +238,7 @@ fn script_text(body: &str) -> String {
         include_str!("scripts/record_bucket.lua"),
         include_str!("scripts/common.lua")
     );
-    script_with(common, body)
+    script_with(&lua_prelude::prelude_for(common, body), body)
 }
 
 fn script_with(common: &str, body: &str) -> String {
@@ -539,13 +540,17 @@ mod tests {
     fn a_shebang_stays_the_first_line_of_a_script() {
         let text = script_text(include_str!("scripts/finish_life.lua"));
         assert!(
-            text.starts_with("#!lua flags=allow-oom\n-- Where a Life's record is"),
+            text.starts_with("#!lua flags=allow-oom\nlocal function id_hash("),
             "{}",
             &text[..80]
         );
         assert_eq!(text.matches("#!lua").count(), 1);
         let text = script_text(include_str!("scripts/book.lua"));
-        assert!(text.starts_with("-- Where a Life's record is"));
+        assert!(
+            text.starts_with("local function id_hash("),
+            "{}",
+            &text[..80]
+        );
     }
 
     #[test]
