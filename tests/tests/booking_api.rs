@@ -194,6 +194,16 @@ async fn every_row_of_the_validation_table_refuses_and_stores_nothing() {
         .post("/schedules", &point("t6", "2031-01-01 00:00:00"))
         .await;
     assert_eq!(code(&r), (409, "duplicate_life_uuid"));
+    // `batch` would be booked and then shadowed by `POST /schedules/batch`: no GET,
+    // PATCH or DELETE could reach it.
+    let r = api
+        .post("/schedules", &point("batch", "2031-01-01 00:00:00"))
+        .await;
+    assert_eq!(code(&r), (400, "invalid_life_uuid"), "{}", r.1);
+    assert!(r.1["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("reserved"));
     // The original t6 is untouched by the refused duplicate.
     let (_, t6) = api.get("/schedules/t6").await;
     assert_eq!(t6["schedule_type"], "term");

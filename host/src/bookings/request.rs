@@ -66,7 +66,8 @@ pub struct TermTimes {
     "death": {"path": "/tasks", "method": "POST", "body": {"id": "a0", "method": "deactivate"}}
 }))]
 pub struct BookingRequest {
-    /// 1 to 64 letters, digits, `-` or `_`; generated (32 hex characters) when absent.
+    /// 1 to 64 letters, digits, `-` or `_`, not `batch` (a route of its own); generated (32
+    /// hex characters) when absent.
     #[schema(example = "6f69aeb63e9b11eb93a8acde48001122")]
     life_uuid: Option<String>,
     /// `point` (one action) or `term` (a birth and a death); `term` when a death time is
@@ -573,9 +574,20 @@ fn parse_callback(
     Ok(Some(Box::new(parse_action(which, value, rules)?)))
 }
 
+/// Ids no Life may take: `/schedules/{id}` would name a route of its own
+/// (`POST /schedules/batch`), so the Life could be booked but never read, changed or
+/// cancelled.
+const RESERVED_LIFE_IDS: &[&str] = &["batch"];
+
 /// Checks a life id: 1 to 64 characters of letters, digits, `-` and `_` (it is part of
-/// Redis keys, where `:` separates).
+/// Redis keys, where `:` separates), and not one of the reserved ids.
 pub fn check_life_uuid(id: &str) -> Result<(), ApiError> {
+    if RESERVED_LIFE_IDS.contains(&id) {
+        return Err(bad(
+            "invalid_life_uuid",
+            format!("life_uuid `{id}` is reserved: /schedules/{id} is a route of its own"),
+        ));
+    }
     let ok = !id.is_empty()
         && id.len() <= 64
         && id
