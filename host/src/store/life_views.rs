@@ -177,7 +177,7 @@ impl Store {
         let mut exhausted = false;
 
         while page.len() < filter.limit && scanned < max_scanned {
-            let (members, complete) = match &resource {
+            let (mut members, mut complete) = match &resource {
                 Some((shard, all)) => {
                     let batch: Vec<(u32, i64, String)> = all
                         .iter()
@@ -196,8 +196,6 @@ impl Store {
             }
             // Without a state filter every Life read fills the page: read only as many as
             // it still lacks (a pass may merge a few hundred ids), and go on from there.
-            let mut members = members;
-            let mut complete = complete;
             let lacking = filter.limit - page.len();
             if filter.state.is_none() && members.len() > lacking {
                 members.truncate(lacking);

@@ -690,26 +690,7 @@ async fn bench_cpu() {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let after = redis_cpu_us(&redis).await;
     let host_after = host_pid.and_then(process_cpu_us);
-    let stats: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    // cmdstat_hset:calls=123,usec=456,...
-    let mut rows: Vec<(String, u64, u64)> = stats
-        .lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let get = |k: &str| -> u64 {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(&format!("{k}=")))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0)
-            };
-            Some((name.to_string(), get("calls"), get("usec")))
-        })
-        .collect();
-    rows.sort_by_key(|r| std::cmp::Reverse(r.2));
+    let rows = command_stats(&mut conn).await;
     let per_fire = (after - before) / count as f64;
     let scripts: u64 = rows
         .iter()
@@ -1358,17 +1339,15 @@ async fn bench_memory_shapes() {
     println!();
 }
 
-/// `CONFIG SET hash-max-listpack-value limit`: past it, a hash value makes Redis keep the
-/// hash in its larger hashtable encoding.
-/// Prints the commands a phase of `bench_scripts` ran (inside its scripts too), per
-/// Plan, by time (INFO commandstats), and resets the counts for the next phase.
-async fn phase_commands(redis: &RedisServer, phase: &str, count: usize) {
-    let mut conn = redis.conn().await;
+/// Every command Redis counted since its last `CONFIG RESETSTAT` (inside scripts too),
+/// from `INFO commandstats`: (name, calls, µs), the most time first.
+async fn command_stats(conn: &mut redis::aio::MultiplexedConnection) -> Vec<(String, u64, u64)> {
     let stats: String = redis::cmd("INFO")
         .arg("commandstats")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
         .unwrap();
+    // cmdstat_hset:calls=123,usec=456,...
     let mut rows: Vec<(String, u64, u64)> = stats
         .lines()
         .filter_map(|l| {
@@ -1383,6 +1362,14 @@ async fn phase_commands(redis: &RedisServer, phase: &str, count: usize) {
         })
         .collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.2));
+    rows
+}
+
+/// Prints the commands a phase of `bench_scripts` ran (inside its scripts too), per
+/// Plan, by time (INFO commandstats), and resets the counts for the next phase.
+async fn phase_commands(redis: &RedisServer, phase: &str, count: usize) {
+    let mut conn = redis.conn().await;
+    let rows = command_stats(&mut conn).await;
     let top: Vec<String> = rows
         .iter()
         .take(7)
@@ -1402,6 +1389,8 @@ async fn phase_commands(redis: &RedisServer, phase: &str, count: usize) {
         .unwrap();
 }
 
+/// `CONFIG SET hash-max-listpack-value limit`: past it, a hash value makes Redis keep the
+/// hash in its larger hashtable encoding.
 async fn set_listpack_limit(redis: &RedisServer, limit: &str) {
     let mut conn = redis.conn().await;
     let _: () = redis::cmd("CONFIG")
