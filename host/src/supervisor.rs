@@ -548,6 +548,7 @@ impl Engine {
                     continue;
                 }
             };
+            tracing::debug!(shard, lives, bytes, budget, "sized the history");
             if bytes <= budget || lives == 0 {
                 continue;
             }

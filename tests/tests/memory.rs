@@ -327,9 +327,11 @@ async fn history_is_bounded_by_bytes_oldest_first() {
         &flags(&sink, &[("--shards", "1"), ("--history-max-bytes", "24kb")]),
     );
     let api = Api::new(&host);
-    // Sixty Lives, 50 ms apart so that they finish in order: well over 24 KiB of history.
-    let first = kairos_e2e::now_ms() + 2_000;
-    let ids: Vec<String> = (0..60).map(|i| format!("sized-{i:02}")).collect();
+    // A hundred Lives of about 430 B each, 50 ms apart: some 43 KB of history, far enough
+    // over 24 KiB that the sampled estimate cannot err to the other side of it.
+    const LIVES: usize = 100;
+    let first = kairos_e2e::now_ms() + 3_000;
+    let ids: Vec<String> = (0..LIVES).map(|i| format!("sized-{i:03}")).collect();
     for (i, id) in ids.iter().enumerate() {
         let (status, body) = api
             .post(
@@ -340,10 +342,16 @@ async fn history_is_bounded_by_bytes_oldest_first() {
             .await;
         assert_eq!(status, 200, "{body}");
     }
-    sink.wait_until("all fired", Duration::from_secs(20), |got| got.len() >= 60)
-        .await;
+    sink.wait_until("all fired", Duration::from_secs(30), |got| {
+        got.len() >= LIVES
+    })
+    .await;
     let shard = redis.keyspace().await.shard(0).clone();
     let mut conn = redis.conn().await;
+    // The `finished` list in finishing order, oldest first, as first read: the host sizes
+    // the history every 10 s, so this is usually all of it; what is kept later must be
+    // its newest end.
+    let mut finished_order: Option<Vec<String>> = None;
     // The history's size as Redis counts it: every record bucket (all its Lives have
     // finished), the `finished` list and the `lives` tree, leaves and all.
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -355,6 +363,7 @@ async fn history_is_bounded_by_bytes_oldest_first() {
             .into_iter()
             .map(|e| e.split_once(':').unwrap().1.to_string())
             .collect();
+        finished_order.get_or_insert_with(|| kept.clone());
         let mut keys: Vec<String> = conn.keys(format!("{}r:*", shard.prefix)).await.unwrap();
         keys.push(shard.finished());
         let tree = shard.lives();
@@ -376,7 +385,7 @@ async fn history_is_bounded_by_bytes_oldest_first() {
                 .unwrap();
             bytes += used.unwrap_or(0);
         }
-        if kept.len() < 60 && bytes <= budget + budget / 4 {
+        if kept.len() < LIVES && bytes <= budget + budget / 4 {
             break kept;
         }
         assert!(
@@ -388,7 +397,18 @@ async fn history_is_bounded_by_bytes_oldest_first() {
     };
     // What is left is the newest: a tail of the finishing order, and not a tiny one.
     assert!(kept.len() >= 5, "only {} kept", kept.len());
-    assert_eq!(kept, ids[60 - kept.len()..].to_vec());
-    assert_eq!(api.get(&format!("/schedules/{}", ids[59])).await.0, 200);
-    assert_eq!(api.get(&format!("/schedules/{}", ids[0])).await.0, 404);
+    let order = finished_order.unwrap();
+    assert!(kept.len() <= order.len());
+    assert_eq!(kept, order[order.len() - kept.len()..].to_vec());
+    assert_eq!(
+        api.get(&format!("/schedules/{}", kept[kept.len() - 1]))
+            .await
+            .0,
+        200
+    );
+    let dropped: Vec<&String> = ids.iter().filter(|id| !kept.contains(id)).collect();
+    assert!(dropped.len() >= LIVES - kept.len());
+    for id in dropped.iter().take(5) {
+        assert_eq!(api.get(&format!("/schedules/{id}")).await.0, 404, "{id}");
+    }
 }
