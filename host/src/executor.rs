@@ -342,7 +342,9 @@ impl Engine {
                     let _ = finished.send(Finished { run });
                 }
                 StartOutcome::Dropped => {
-                    self.metrics.record_task_run("expired");
+                    if let Some(Owner::Task { queue, .. }) = plan.owner() {
+                        self.metrics.record_task_run(queue, "expired");
+                    }
                     self.forget(&plan)
                 }
                 StartOutcome::Lost => self.forget(&plan),
@@ -523,9 +525,10 @@ impl Engine {
             ));
         }
         match owner {
-            Some(Owner::Timer(_)) => self
-                .metrics
-                .record_timer_run(word, started_at_ms - plan.fire_at_ms),
+            Some(Owner::Timer(name)) => {
+                self.metrics
+                    .record_timer_run(name, word, started_at_ms - plan.fire_at_ms)
+            }
             // A task's outcome is final only once its queue's retry block is applied.
             Some(Owner::Task { .. }) => {}
             _ => self
@@ -625,7 +628,9 @@ impl Engine {
         limit_ms: u64,
     ) -> FinishedRun {
         tracing::info!(plan = %plan.plan_id, late_ms, limit_ms, "timer slot too late to start; skipped");
-        self.metrics.record_timer_run("skipped", late_ms);
+        if let Some(Owner::Timer(name)) = plan.owner() {
+            self.metrics.record_timer_run(name, "skipped", late_ms);
+        }
         let record = RunRecord {
             should_run_at_ms: plan.fire_at_ms,
             started_at_ms,

@@ -648,10 +648,12 @@ impl Engine {
                 let age_ms = now_ms - first.unwrap_or(run.record.started_at_ms);
                 if policy.gives_up(attempts, age_ms) {
                     run.record.retry_after_ms = None;
-                    tracing::info!(
+                    tracing::warn!(
                         queue,
                         task,
                         attempts,
+                        status = run.record.status,
+                        error = run.record.error.as_deref().unwrap_or(""),
                         "task failed for good; kept in the queue's failed list"
                     );
                     self.count_failure();
@@ -670,7 +672,9 @@ impl Engine {
             }
         }
         for run in &mut runs {
-            self.metrics.record_task_run(run.record.outcome);
+            if let Some(Owner::Task { queue, .. }) = run.plan.owner() {
+                self.metrics.record_task_run(queue, run.record.outcome);
+            }
             self.attach_callback(run);
         }
         let notify_before = self.notify_before_ms();

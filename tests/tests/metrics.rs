@@ -275,6 +275,105 @@ async fn timer_lateness_and_plugin_invocation_time() {
     assert!(!m.keys().any(|k| k.contains("noop@")), "{m:?}");
 }
 
+/// The REST API's requests are counted by route template (never by path), method and
+/// status, with a latency histogram, so that 5xx answers and slow bookings can be alerted
+/// on; a request no route matched counts under `unmatched`. The `process_*` series of
+/// every Prometheus client are there, and `kairos_runs_total` names a timer's or queue's
+/// runs by their name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_requests_are_counted_by_route_method_and_status() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let far = now_ms() + 3_600_000;
+    book(&api, &point("r1", far, hook("r1"))).await;
+    book(&api, &point("r2", far, hook("r2"))).await;
+    let (status, _) = api.post("/schedules", &json!({"birth": hook("x")})).await;
+    assert_eq!(status, 400);
+    for id in ["r1", "r2", "nobody"] {
+        api.get(&format!("/schedules/{id}")).await;
+    }
+    for path in ["/no/such/route/1", "/no/such/route/2"] {
+        assert_eq!(api.get(path).await.0, 404);
+    }
+    let (status, _) = api
+        .raw(axum::http::Method::PATCH, "/metrics", Vec::new(), &[])
+        .await;
+    assert_eq!(status, 405);
+
+    let m = scrape(&host).await;
+    let requests = |labels: &str| {
+        m.get(&format!("kairos_http_requests_total{{{labels}}}"))
+            .copied()
+            .unwrap_or_else(|| panic!("no kairos_http_requests_total{{{labels}}} in {m:?}"))
+    };
+    assert_eq!(
+        requests("route=\"/schedules\",method=\"POST\",status=\"200\""),
+        2.0
+    );
+    assert_eq!(
+        requests("route=\"/schedules\",method=\"POST\",status=\"400\""),
+        1.0
+    );
+    let one = "route=\"/schedules/{life_uuid}\",method=\"GET\"";
+    assert_eq!(requests(&format!("{one},status=\"200\"")), 2.0);
+    assert_eq!(requests(&format!("{one},status=\"404\"")), 1.0);
+    assert_eq!(
+        requests("route=\"unmatched\",method=\"GET\",status=\"404\""),
+        2.0
+    );
+    assert_eq!(
+        requests("route=\"/metrics\",method=\"PATCH\",status=\"405\""),
+        1.0
+    );
+    assert!(
+        !m.keys()
+            .any(|k| k.contains("nobody") || k.contains("/no/such")),
+        "{m:?}"
+    );
+    assert_eq!(
+        m[&format!("kairos_http_request_duration_seconds_count{{{one}}}")],
+        3.0
+    );
+    assert_eq!(
+        m[&format!("kairos_http_request_duration_seconds_bucket{{{one},le=\"+Inf\"}}")],
+        3.0
+    );
+    assert!(m[&format!("kairos_http_request_duration_seconds_sum{{{one}}}")] > 0.0);
+
+    // The host's process, not this test's.
+    assert!(m["process_resident_memory_bytes"] > 1e6, "{m:?}");
+    assert!(m["process_open_fds"] >= 5.0);
+    assert!(m["process_max_fds"] >= m["process_open_fds"]);
+    assert!(m["process_cpu_seconds_total"] > 0.0);
+    let now_s = now_ms() as f64 / 1000.0;
+    let started = m["process_start_time_seconds"];
+    assert!(
+        started <= now_s + 1.0 && started > now_s - 120.0,
+        "{started} vs {now_s}"
+    );
+
+    // A timer's runs under its name.
+    let (status, body) = api
+        .post(
+            "/timers",
+            &json!({"name": "tick", "schedule": "* * * * * *", "timezone": "UTC", "action": hook("tick")}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let m = scrape(&host).await;
+        let key = "kairos_runs_total{plan=\"timer\",timer=\"tick\",outcome=\"success\"}";
+        if m.get(key).is_some_and(|n| *n >= 1.0) {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no {key} in {m:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// `promtool check metrics` (Debian's `prometheus` package) finds nothing to say about
 /// the exposition of a host that has fired Lives (webhook and plugin), a timer and queue
 /// tasks, with a failure and a retry among them: no error and no lint warning.
@@ -344,7 +443,8 @@ async fn the_exposition_passes_promtool_check_metrics() {
         let (status, text) = api.text("/metrics").await;
         assert_eq!(status, 200);
         if text.contains("kairos_timer_last_lateness_seconds{timer=\"tick\"}")
-            && text.contains("kairos_runs_total{plan=\"task\",outcome=\"success\"} 1")
+            && text
+                .contains("kairos_runs_total{plan=\"task\",queue=\"mail\",outcome=\"success\"} 1")
         {
             break text;
         }
@@ -381,6 +481,92 @@ async fn the_exposition_passes_promtool_check_metrics() {
         "promtool check metrics ({}) says:\n{said}\non:\n{text}",
         out.status
     );
+    check_monitoring_files(&promtool, &text);
+}
+
+/// The alert rules and the Grafana dashboard of `docs/monitoring/`: `promtool test rules`
+/// proves each alert fires (once per fleet) and stays quiet as its test file says; every
+/// panel's query parses (checked by promtool as a recording rule); and every kairos or
+/// process series they name is one a live host exports (`text`), so that a renamed
+/// series cannot leave them silently empty.
+fn check_monitoring_files(promtool: &std::path::Path, text: &str) {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/monitoring");
+    let promtool_says = |args: &[&str]| {
+        let out = std::process::Command::new(promtool)
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "promtool {args:?} says:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    promtool_says(&["test", "rules", "kairos-alerts.test.yml"]);
+
+    let rules = std::fs::read_to_string(dir.join("kairos-alerts.yml")).unwrap();
+    let dashboard = std::fs::read_to_string(dir.join("grafana-kairos.json")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(&dashboard).unwrap();
+    let queries: Vec<String> = dashboard["panels"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["targets"].as_array().cloned().unwrap_or_default())
+        .map(|t| t["expr"].as_str().unwrap().to_string())
+        .collect();
+    assert!(queries.len() >= 15, "{queries:?}");
+    // Grafana's variables, as Prometheus would get them once Grafana has filled them in.
+    let as_rules: String = queries
+        .iter()
+        .enumerate()
+        .map(|(i, q)| {
+            let q = q.replace("$__rate_interval", "5m").replace("$job", ".*");
+            format!(
+                "      - record: kairos:panel_{i}\n        expr: {}\n",
+                json!(q)
+            )
+        })
+        .collect();
+    let file = tempfile_in_target("grafana-queries.yml");
+    std::fs::write(
+        &file,
+        format!("groups:\n  - name: panels\n    rules:\n{as_rules}"),
+    )
+    .unwrap();
+    promtool_says(&["check", "rules", file.to_str().unwrap()]);
+
+    let exported: std::collections::HashSet<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split(['{', ' ']).next())
+        .collect();
+    let named = queries.iter().map(String::as_str).chain([rules.as_str()]);
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for source in named {
+        for word in source.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+            if !(word.starts_with("kairos_") || word.starts_with("process_")) {
+                continue;
+            }
+            seen += 1;
+            if !exported.contains(word) {
+                missing.push(word.to_string());
+            }
+        }
+    }
+    assert!(seen >= 30, "only {seen} series named");
+    assert!(missing.is_empty(), "named but not exported: {missing:?}");
+}
+
+/// A path under the workspace's target/ for a file a test writes and need not keep.
+fn tempfile_in_target(name: &str) -> std::path::PathBuf {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/test-files")
+        .join(std::process::id().to_string());
+    std::fs::create_dir_all(&dir).unwrap();
+    dir.join(name)
 }
 
 /// `kairos_lives{state}`: the Lives per state of every shard, kept by the scripts as the

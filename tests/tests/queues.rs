@@ -181,7 +181,8 @@ async fn backoff_follows_the_retry_block_and_failed_tasks_can_run_again() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     for (outcome, n) in [("retry", 4), ("failed", 1), ("success", 1)] {
-        let line = format!("kairos_runs_total{{plan=\"task\",outcome=\"{outcome}\"}} {n}\n");
+        let line =
+            format!("kairos_runs_total{{plan=\"task\",queue=\"rb\",outcome=\"{outcome}\"}} {n}\n");
         assert!(text.contains(&line), "no `{line}` in:\n{text}");
     }
 }
@@ -580,11 +581,12 @@ async fn a_task_not_started_within_expire_after_is_dropped_never_run_late() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    let line = format!(
-        "kairos_runs_total{{plan=\"task\",outcome=\"expired\"}} {}\n",
-        items.len() + 1
-    );
-    assert!(text.contains(&line), "no `{line}` in:\n{text}");
+    for (queue, n) in [("ttl", items.len()), ("held", 1)] {
+        let line = format!(
+            "kairos_runs_total{{plan=\"task\",queue=\"{queue}\",outcome=\"expired\"}} {n}\n"
+        );
+        assert!(text.contains(&line), "no `{line}` in:\n{text}");
+    }
 }
 
 /// Polls a queue's failed list until it holds at least `n` tasks.

@@ -180,7 +180,31 @@ pub fn router(app: Shared) -> Router {
         }))
         // Every answer carries the request's id, which the audit line names too.
         .layer(middleware::from_fn(auth::request_id))
+        .layer(middleware::from_fn_with_state(app.clone(), count_requests))
         .with_state(app)
+}
+
+/// Counts and times every request by its route's template (`metrics::http`), outside
+/// every other layer, so that what it counts is the status the client got.
+async fn count_requests(
+    axum::extract::State(app): axum::extract::State<Shared>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|p| p.as_str().to_owned());
+    let method = request.method().clone();
+    let started = std::time::Instant::now();
+    let response = next.run(request).await;
+    app.engine.metrics.http.observe(
+        route.as_deref(),
+        method.as_str(),
+        response.status().as_u16(),
+        started.elapsed(),
+    );
+    response
 }
 
 /// Reads the `Idempotency-Key` header of a booking call; a malformed one is a 400.

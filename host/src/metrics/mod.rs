@@ -2,7 +2,11 @@
 //!
 //! Counters and gauges are plain atomics updated on the hot paths (no locks); the
 //! lateness histogram has fixed buckets. Cluster-wide figures that live in Redis (Plans
-//! due, hosts alive) are read at scrape time.
+//! due, hosts alive) are read at scrape time. The API's requests are counted in
+//! [`http`], and the `process_*` series of every Prometheus client come from [`process`].
+
+pub mod http;
+pub mod process;
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -48,9 +52,37 @@ pub fn retry_reason(status: Option<u16>, plugin_retryable: bool) -> &'static str
     }
 }
 
-/// Plan labels of `kairos_runs_total`: a Life's birth or death, a timer's run, a queue
-/// task's run.
-const PLANS: [&str; 4] = ["birth", "death", "timer", "task"];
+/// Plan labels of `kairos_runs_total` counted without a name: a Life's birth or death.
+/// A timer's and a queue task's runs carry the timer's or queue's name beside
+/// (`plan="timer",timer=…` and `plan="task",queue=…`).
+const PLANS: [&str; 2] = ["birth", "death"];
+
+/// Most timers, and most queues, given series of their own in `kairos_runs_total`: their
+/// names are the clients', and the bound keeps a scrape small however many there are.
+/// Runs of the names past it are counted under [`OTHER_NAME`].
+const NAMED_SERIES_MAX: usize = 500;
+
+/// The `timer` or `queue` label of runs past [`NAMED_SERIES_MAX`] names.
+const OTHER_NAME: &str = "_other";
+
+/// Run counts by outcome of each timer's or queue's name, at most [`NAMED_SERIES_MAX`].
+#[derive(Default)]
+struct NamedRuns(BTreeMap<String, [u64; OUTCOMES.len()]>);
+
+impl NamedRuns {
+    fn count(&mut self, name: &str, outcome: usize) {
+        if let Some(counts) = self.0.get_mut(name) {
+            counts[outcome] += 1;
+            return;
+        }
+        let name = if self.0.len() < NAMED_SERIES_MAX {
+            name
+        } else {
+            OTHER_NAME
+        };
+        self.0.entry(name.to_string()).or_default()[outcome] += 1;
+    }
+}
 
 /// Outcomes a run is counted under (the words of the Plan's history).
 /// `expired`: a queue task dropped because its first attempt missed its `expire_after`.
@@ -100,8 +132,11 @@ pub struct Metrics {
     pub bookings_accepted: AtomicU64,
     /// Requests refused with a 4xx by the booking routes.
     pub bookings_refused: AtomicU64,
-    /// Runs by plan (birth, death, timer, task) and outcome.
+    /// Runs of Lives by plan (birth, death) and outcome.
     runs: [[AtomicU64; OUTCOMES.len()]; PLANS.len()],
+    /// Runs of timers and of queue tasks by name and outcome.
+    timer_runs: Mutex<NamedRuns>,
+    task_runs: Mutex<NamedRuns>,
     /// Fire lateness (start of the run − its fire time): cumulative bucket counts.
     lateness_buckets: [AtomicU64; LATENESS_BUCKETS.len()],
     lateness_count: AtomicU64,
@@ -120,6 +155,8 @@ pub struct Metrics {
     retries: [AtomicU64; RETRY_REASONS.len()],
     /// Plugin invocation times by plugin name (without its `@version`).
     plugin_timings: Mutex<BTreeMap<String, Timings>>,
+    /// The API's requests by route, method and status.
+    pub http: http::HttpMetrics,
 }
 
 fn kind_index(kind: PlanKind) -> usize {
@@ -132,7 +169,10 @@ fn kind_index(kind: PlanKind) -> usize {
 impl Metrics {
     /// Counts one run and, for runs that started, its lateness.
     pub fn record_run(&self, kind: PlanKind, outcome: &str, lateness_ms: Option<i64>) {
-        self.record_plan_run(kind_index(kind), outcome, lateness_ms);
+        if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
+            self.runs[kind_index(kind)][i].fetch_add(1, Ordering::Relaxed);
+        }
+        self.record_lateness(lateness_ms);
     }
 
     /// Times one run of an action (`webhook` or `plugin`; anything else is not counted).
@@ -174,20 +214,18 @@ impl Metrics {
     }
 
     /// Counts one run of a timer, with its lateness.
-    pub fn record_timer_run(&self, outcome: &str, lateness_ms: i64) {
-        self.record_plan_run(2, outcome, Some(lateness_ms));
+    pub fn record_timer_run(&self, timer: &str, outcome: &str, lateness_ms: i64) {
+        count_named(&self.timer_runs, timer, outcome);
+        self.record_lateness(Some(lateness_ms));
     }
 
-    /// Counts one run of a queue task. No lateness: a task's start also waits for its
+    /// Counts one run of a queue's task. No lateness: a task's start also waits for its
     /// queue's rate and concurrency, which is not the engine being late.
-    pub fn record_task_run(&self, outcome: &str) {
-        self.record_plan_run(3, outcome, None);
+    pub fn record_task_run(&self, queue: &str, outcome: &str) {
+        count_named(&self.task_runs, queue, outcome);
     }
 
-    fn record_plan_run(&self, plan: usize, outcome: &str, lateness_ms: Option<i64>) {
-        if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
-            self.runs[plan][i].fetch_add(1, Ordering::Relaxed);
-        }
+    fn record_lateness(&self, lateness_ms: Option<i64>) {
         if let Some(ms) = lateness_ms {
             let secs = ms.max(0) as f64 / 1000.0;
             for (bound, bucket) in LATENESS_BUCKETS.iter().zip(&self.lateness_buckets) {
@@ -233,6 +271,21 @@ impl Metrics {
                     "kairos_runs_total{{plan=\"{kind}\",outcome=\"{outcome}\"}} {}",
                     get(&self.runs[k][o])
                 );
+            }
+        }
+        for (plan, label, runs) in [
+            ("timer", "timer", &self.timer_runs),
+            ("task", "queue", &self.task_runs),
+        ] {
+            let runs = runs.lock().unwrap_or_else(|e| e.into_inner());
+            for (name, counts) in &runs.0 {
+                let name = label_value(name);
+                for (outcome, n) in OUTCOMES.iter().zip(counts) {
+                    let _ = writeln!(
+                        out,
+                        "kairos_runs_total{{plan=\"{plan}\",{label}=\"{name}\",outcome=\"{outcome}\"}} {n}"
+                    );
+                }
             }
         }
         let _ = writeln!(
@@ -362,7 +415,17 @@ impl Metrics {
             let _ = writeln!(out, "# TYPE {name} counter");
             let _ = writeln!(out, "{name} {value}");
         }
+        self.http.render(&mut out);
+        process::render(&mut out);
         out
+    }
+}
+
+fn count_named(runs: &Mutex<NamedRuns>, name: &str, outcome: &str) {
+    if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
+        runs.lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .count(name, i);
     }
 }
 
@@ -385,8 +448,8 @@ mod tests {
         m.record_run(PlanKind::Birth, "success", Some(40));
         m.record_run(PlanKind::Death, "retry", Some(0));
         m.record_run(PlanKind::Birth, "invalidated", None);
-        m.record_timer_run("failed", 2);
-        m.record_task_run("retry");
+        m.record_timer_run("tick", "failed", 2);
+        m.record_task_run("mail", "retry");
         m.record_duration("webhook", 30);
         m.record_duration("plugin", 2_000);
         m.record_duration("", 5);
@@ -405,8 +468,13 @@ mod tests {
         assert!(text.contains("kairos_runs_total{plan=\"birth\",outcome=\"success\"} 2\n"));
         assert!(text.contains("kairos_runs_total{plan=\"death\",outcome=\"retry\"} 1\n"));
         assert!(text.contains("kairos_runs_total{plan=\"birth\",outcome=\"invalidated\"} 1\n"));
-        assert!(text.contains("kairos_runs_total{plan=\"timer\",outcome=\"failed\"} 1\n"));
-        assert!(text.contains("kairos_runs_total{plan=\"task\",outcome=\"retry\"} 1\n"));
+        assert!(text
+            .contains("kairos_runs_total{plan=\"timer\",timer=\"tick\",outcome=\"failed\"} 1\n"));
+        assert!(
+            text.contains("kairos_runs_total{plan=\"task\",queue=\"mail\",outcome=\"retry\"} 1\n")
+        );
+        assert!(text
+            .contains("kairos_runs_total{plan=\"task\",queue=\"mail\",outcome=\"success\"} 0\n"));
         assert!(text
             .contains("kairos_run_duration_seconds_bucket{action=\"webhook\",le=\"0.025\"} 0\n"));
         assert!(
@@ -432,5 +500,30 @@ mod tests {
         assert!(text.contains("# TYPE kairos_due_plans gauge\nkairos_due_plans 7\n"));
         assert!(text.contains("kairos_age_seconds 1.5\n"));
         assert!(text.contains("# TYPE kairos_things_total counter\nkairos_things_total 3\n"));
+    }
+
+    #[test]
+    fn timer_and_queue_names_are_bounded_and_quoted() {
+        let m = Metrics::default();
+        for i in 0..NAMED_SERIES_MAX + 20 {
+            m.record_task_run(&format!("q{i}"), "success");
+        }
+        m.record_task_run("q0", "failed");
+        m.record_timer_run("say \"hi\"", "success", 0);
+        let text = m.render(&[], &[]);
+        let task_series = text
+            .lines()
+            .filter(|l| l.starts_with("kairos_runs_total{plan=\"task\""))
+            .count();
+        assert_eq!(task_series, (NAMED_SERIES_MAX + 1) * OUTCOMES.len());
+        assert!(text.contains(
+            "kairos_runs_total{plan=\"task\",queue=\"_other\",outcome=\"success\"} 20\n"
+        ));
+        assert!(
+            text.contains("kairos_runs_total{plan=\"task\",queue=\"q0\",outcome=\"failed\"} 1\n")
+        );
+        assert!(text.contains(
+            "kairos_runs_total{plan=\"timer\",timer=\"say \\\"hi\\\"\",outcome=\"success\"} 1\n"
+        ));
     }
 }
