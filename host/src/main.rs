@@ -14,7 +14,8 @@ use kairos::config::{Config, ServeArgs};
 #[command(
     name = "kairos",
     version,
-    about = "A scheduler host: book actions at absolute times over REST; kairos runs them from Redis-backed timers."
+    about = "A scheduler host: book actions at absolute times over REST; kairos runs them from Redis-backed timers.",
+    mut_subcommand("serve", without_client_flags)
 )]
 struct Cli {
     /// Log format: text or json.
@@ -26,10 +27,27 @@ struct Cli {
     command: Command,
 }
 
+/// What `serve --help` says of logs below the flags.
+const LOGGING_HELP: &str = "Logging: RUST_LOG chooses what is logged, in tracing's filter syntax \
+(default `info`): RUST_LOG=debug for everything, RUST_LOG=warn,kairos::queues=debug for one \
+module. --log-format json (KAIROS_LOG_FORMAT) writes one JSON object a line.";
+
+/// `serve` runs a host, not a client: the client's global flags (`--server`, `--token`,
+/// `--output`) are left out of its help. clap gives a subcommand a global flag only when
+/// it has no argument of that id, so a hidden one of each takes its place (its value
+/// still reaches [`Target`], of the same type, and nothing in a host reads it).
+fn without_client_flags(serve: clap::Command) -> clap::Command {
+    let hidden = |id: &'static str| clap::Arg::new(id).long(id).hide(true);
+    serve.arg(hidden("server")).arg(hidden("token")).arg(
+        hidden("output").value_parser(clap::builder::EnumValueParser::<kairos::cli::Output>::new()),
+    )
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Run a host: the REST API, the scheduler and the workers. Without --redis-url it
     /// starts a redis-server of its own under --data-dir.
+    #[command(after_help = LOGGING_HELP)]
     Serve(Box<ServeArgs>),
     /// Bring a keyspace written by an earlier kairos over to this version's layout, in
     /// place: before shards (layout 1, on its standalone Redis) or with a hash per Plan

@@ -212,7 +212,31 @@ async fn the_cli_lists_and_shows_timers_and_queues() {
     assert_eq!(queue["max_concurrent"], 4);
     let (code, out, _) = kairos(&host, "peek", &["queues", "show", "mail"], None);
     assert_eq!(code, 0);
-    assert!(out.lines().any(|l| l == "max_concurrent: 4"), "{out}");
+    assert!(out.starts_with("queue           mail\n"), "{out}");
+    assert!(out.lines().any(|l| l == "max concurrent  4"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l == "tasks           0 pending, 0 running, 0 failed"),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("rate            2/s, bucket ")),
+        "{out}"
+    );
+    // A timer's summary reads as lines, its preview below.
+    let (code, out, _) = kairos(&host, "peek", &["timers", "show", "nightly"], None);
+    assert_eq!(code, 0);
+    assert!(out.starts_with("timer     nightly\n"), "{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("schedule  ") && l.ends_with("(Asia/Tokyo)")),
+        "{out}"
+    );
+    assert!(!out.contains('{') && !out.contains("preview:"), "{out}");
+    let (code, out, _) = kairos(&host, "peek", &["timers", "runs", "nightly"], None);
+    assert_eq!(code, 0);
+    assert_eq!(out, "timer nightly has no runs yet\n");
 
     // Changes need the admin scope.
     let (code, _, err) = kairos(&host, "peek", &["queues", "pause", "mail"], None);
@@ -487,6 +511,44 @@ async fn the_cli_creates_edits_and_removes_timers_and_queues() {
     assert_eq!(code, 0, "{err}");
     let listed: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(listed["items"].as_array().unwrap().len(), 3, "{listed:#}");
+    // For people: one line a task, under a header.
+    let (code, out, err) = kairos(&host, "root", &["queues", "tasks", "mail"], None);
+    assert_eq!(code, 0, "{err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 4, "{out}");
+    assert!(lines[0].starts_with("TASK  STATE"), "{out}");
+    for name in ["t1", "t2", "t3"] {
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with(&format!("{name}  ")) && l.ends_with("POST /send")),
+            "{out}"
+        );
+    }
+    let (code, out, err) = kairos(
+        &host,
+        "root",
+        &["queues", "tasks", "show", "mail", "t2"],
+        None,
+    );
+    assert_eq!(code, 0, "{err}");
+    let words: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        words[..3],
+        [
+            vec!["task", "t2"],
+            vec!["queue", "mail"],
+            vec!["state", "Standby"]
+        ],
+        "{out}"
+    );
+    assert!(words.iter().any(|w| w[0] == "expires"), "{out}");
+    let (code, out, err) = kairos(&host, "root", &["queues", "failed", "mail"], None);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(out, "no tasks in queue mail\n");
     let (code, _, err) = kairos(
         &host,
         "root",
@@ -816,4 +878,37 @@ async fn the_cli_books_json_lines_in_batches() {
     assert_eq!(code, 1);
     assert!(err.contains("line 2: not a JSON booking"), "{err}");
     assert_eq!(api.get("/schedules/jl-6000").await.0, 404);
+}
+
+/// `serve --help` lists a host's flags, not the client's (`--server`, `--token`,
+/// `--output`), and says how to choose what is logged; the client's flags still work
+/// before or after a client command, and `serve` still takes them (ignored) as before.
+#[test]
+fn serve_help_leaves_out_client_flags_and_documents_rust_log() {
+    let (code, out, err) = kairos_command(&["serve", "--help"]);
+    assert_eq!(code, 0, "{err}");
+    for flag in ["--server", "--token", "--output"] {
+        assert!(!out.contains(flag), "{flag} in serve --help:\n{out}");
+    }
+    assert!(
+        out.contains("--redis-url") && out.contains("--log-format"),
+        "{out}"
+    );
+    assert!(out.contains("RUST_LOG"), "{out}");
+    // The client's help keeps them.
+    let (code, out, _) = kairos_command(&["ls", "--help"]);
+    assert_eq!(code, 0);
+    for flag in ["--server", "--token", "--output"] {
+        assert!(out.contains(flag), "{flag} not in ls --help:\n{out}");
+    }
+    // Given before the command or after it, --server reaches the client (nothing listens
+    // on port 9 of loopback: the error names it).
+    for args in [
+        &["--server", "http://127.0.0.1:9", "ls"][..],
+        &["ls", "--server", "http://127.0.0.1:9", "-o", "json"][..],
+    ] {
+        let (code, _, err) = kairos_command(args);
+        assert_eq!(code, 1, "{args:?}: {err}");
+        assert!(err.contains("127.0.0.1:9"), "{args:?}: {err}");
+    }
 }

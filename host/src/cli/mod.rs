@@ -10,6 +10,7 @@ mod check;
 mod client;
 mod new_plugin;
 mod print;
+mod summaries;
 
 use std::io::Read;
 
@@ -870,8 +871,12 @@ async fn timers(api: &Api, command: Option<TimersCommand>, output: Output) -> an
             (Method::PATCH, timer(&name, ""), Some(body))
         }
         Some(TimersCommand::Rm { name }) => (Method::DELETE, timer(&name, ""), None),
-        Some(TimersCommand::Show { name }) => (Method::GET, timer(&name, ""), None),
-        Some(TimersCommand::Runs { name }) => (Method::GET, timer(&name, "/runs"), None),
+        Some(TimersCommand::Show { name }) => {
+            return show(api, &timer(&name, ""), output, summaries::timer).await
+        }
+        Some(TimersCommand::Runs { name }) => {
+            return show(api, &timer(&name, "/runs"), output, summaries::timer_runs).await
+        }
         Some(TimersCommand::Run { name }) => (Method::POST, timer(&name, "/run"), None),
         Some(TimersCommand::Activate { name }) => (Method::POST, timer(&name, "/activate"), None),
         Some(TimersCommand::Deactivate { name }) => {
@@ -928,14 +933,16 @@ async fn queues(api: &Api, command: Option<QueuesCommand>, output: Output) -> an
             (Method::PUT, queue(&name, ""), Some(body))
         }
         Some(QueuesCommand::Rm { name }) => (Method::DELETE, queue(&name, ""), None),
-        Some(QueuesCommand::Show { name }) => (Method::GET, queue(&name, ""), None),
+        Some(QueuesCommand::Show { name }) => {
+            return show(api, &queue(&name, ""), output, summaries::queue).await
+        }
         Some(QueuesCommand::Tasks {
             name: Some(name), ..
         })
         | Some(QueuesCommand::Tasks {
             command: Some(TasksCommand::Ls { queue: name }),
             ..
-        }) => (Method::GET, queue(&name, "/tasks"), None),
+        }) => return show(api, &queue(&name, "/tasks"), output, summaries::tasks).await,
         Some(QueuesCommand::Tasks {
             command: Some(task_command),
             ..
@@ -943,13 +950,30 @@ async fn queues(api: &Api, command: Option<QueuesCommand>, output: Output) -> an
         Some(QueuesCommand::Tasks { .. }) => {
             bail!("name a queue (`kairos queues tasks QUEUE`) or a command (`tasks add QUEUE`)")
         }
-        Some(QueuesCommand::Failed { name }) => (Method::GET, queue(&name, "/failed"), None),
+        Some(QueuesCommand::Failed { name }) => {
+            return show(api, &queue(&name, "/failed"), output, summaries::tasks).await
+        }
         Some(QueuesCommand::Pause { name }) => (Method::POST, queue(&name, "/pause"), None),
         Some(QueuesCommand::Resume { name }) => (Method::POST, queue(&name, "/resume"), None),
         Some(QueuesCommand::Purge { name }) => (Method::POST, queue(&name, "/purge"), None),
     };
     let body = body.map(|b| serde_json::to_vec(&b).expect("JSON serializes"));
     emit(output, &api.call(method, &path, body).await?);
+    Ok(())
+}
+
+/// GETs `path` and prints it with `summary`, or as the API's JSON.
+async fn show(
+    api: &Api,
+    path: &str,
+    output: Output,
+    summary: fn(&Value) -> String,
+) -> anyhow::Result<()> {
+    let value = api.get(path).await?;
+    match output {
+        Output::Json => print_json(&value),
+        Output::Table => print!("{}", summary(&value)),
+    }
     Ok(())
 }
 
@@ -990,7 +1014,9 @@ async fn tasks(api: &Api, command: TasksCommand, output: Output) -> anyhow::Resu
                 Some(body),
             )
         }
-        TasksCommand::Show { queue, task: name } => (Method::GET, task(&queue, &name, ""), None),
+        TasksCommand::Show { queue, task: name } => {
+            return show(api, &task(&queue, &name, ""), output, summaries::task).await
+        }
         TasksCommand::Rm { queue, task: name } => (Method::DELETE, task(&queue, &name, ""), None),
         TasksCommand::Run { queue, task: name } => {
             (Method::POST, task(&queue, &name, "/run"), None)
