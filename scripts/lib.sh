@@ -253,3 +253,43 @@ build_js_plugins() {
     mv "$out.tmp" "$out" && touch "$stamp"
   done
 }
+
+# The client generators scripts/generated_clients.py drives, pinned (what they generate
+# changes between releases): openapi-python-client and mypy from PyPI in
+# target/clients-venv (sets CLIENTS_PYTHON); openapi-typescript, openapi-fetch,
+# TypeScript and Node's types from npm in target/clients-npm (sets CLIENTS_NPM). Kept
+# between runs.
+OPENAPI_PYTHON_CLIENT_VERSION=0.29.1
+MYPY_VERSION=2.4.1
+OPENAPI_TYPESCRIPT_VERSION=7.13.0
+OPENAPI_FETCH_VERSION=0.17.0
+TYPESCRIPT_VERSION=5.9.3
+TYPES_NODE_VERSION=20.19.25
+need_client_generators() {
+  venv=target/clients-venv
+  CLIENTS_PYTHON="$venv/bin/python"
+  if [ ! -x "$venv/bin/openapi-python-client" ] ||
+    ! "$CLIENTS_PYTHON" -m pip show openapi-python-client 2>/dev/null | grep -qx "Version: $OPENAPI_PYTHON_CLIENT_VERSION" ||
+    ! "$CLIENTS_PYTHON" -m pip show mypy 2>/dev/null | grep -qx "Version: $MYPY_VERSION"; then
+    command -v python3 >/dev/null 2>&1 || { echo "python3 is missing: apt-get install -y python3 python3-venv" >&2; return 1; }
+    rm -rf "$venv"
+    python3 -m venv "$venv" || { echo "python3 cannot make a virtual environment: apt-get install -y python3-venv" >&2; return 1; }
+    echo "installing openapi-python-client $OPENAPI_PYTHON_CLIENT_VERSION and mypy $MYPY_VERSION (pip)…" >&2
+    "$CLIENTS_PYTHON" -m pip install -q --disable-pip-version-check \
+      "openapi-python-client==$OPENAPI_PYTHON_CLIENT_VERSION" "mypy==$MYPY_VERSION" >&2 || {
+      echo "cannot install openapi-python-client and mypy from PyPI into $venv" >&2; return 1; }
+  fi
+  CLIENTS_NPM=target/clients-npm
+  wanted="openapi-typescript@$OPENAPI_TYPESCRIPT_VERSION openapi-fetch@$OPENAPI_FETCH_VERSION typescript@$TYPESCRIPT_VERSION @types/node@$TYPES_NODE_VERSION"
+  for package in $wanted; do
+    name=${package%@*}
+    grep -q "\"version\": \"${package##*@}\"" "$CLIENTS_NPM/node_modules/$name/package.json" 2>/dev/null && continue
+    command -v npm >/dev/null 2>&1 || { echo "Node.js and npm are missing: apt-get install -y nodejs npm" >&2; return 1; }
+    echo "installing $wanted (npm)…" >&2
+    rm -rf "$CLIENTS_NPM" && mkdir -p "$CLIENTS_NPM"
+    # shellcheck disable=SC2086
+    npm install --prefix "$CLIENTS_NPM" --no-audit --no-fund --silent $wanted >&2 || {
+      echo "cannot install $wanted from the npm registry" >&2; return 1; }
+    break
+  done
+}

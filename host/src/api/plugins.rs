@@ -126,7 +126,7 @@ fn upload_limits_over(
         ("memory_mb" = Option<u32>, Query, minimum = 1, maximum = 1024, description = "Its memory limit (default plugin_memory_mb)."),
         ("timeout" = Option<String>, Query, description = "Its wall-time limit, seconds or e.g. `500ms`, at most 5 minutes (default plugin_timeout)."),
     ),
-    request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "A WebAssembly component (any content type is read as bytes) built for wasm32-wasip2 against the kairos:plugin/action world."),
+    request_body(content = inline(super::views::ComponentBytes), content_type = "application/octet-stream", description = "A WebAssembly component (any content type is read as bytes) built for wasm32-wasip2 against the kairos:plugin/action world."),
     responses(
         (status = 201, description = "Stored as a new version.", body = PluginMeta),
         (status = 400, description = "A bad name or query, or bytes that are not a component of the world, or whose declared input schema is not JSON Schema (`invalid_plugin`).", body = ErrorBody),

@@ -716,3 +716,10 @@ pub(crate) struct TimerChange {
     exclude_dates: Option<Vec<String>>,
     dst: Option<crate::timers::DstBody>,
 }
+
+/// A file's bytes as a request body: `string` of `format: binary`, which generators
+/// send as the raw bytes (openapi-python-client's `File`, a `Blob` for openapi-fetch),
+/// never as a JSON array of numbers.
+#[derive(ToSchema)]
+#[schema(value_type = String, format = Binary)]
+pub(crate) struct ComponentBytes(#[allow(dead_code)] Vec<u8>);
