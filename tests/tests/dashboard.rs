@@ -581,6 +581,7 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
     edit_a_timer(page, redis, ks).await;
     reschedule_a_life(page, redis, ks, admin).await;
     purge_a_queue(page, admin).await;
+    see_what_failed(page, sink, admin).await;
     rerun_a_failed_task(page, sink, admin).await;
     upload_and_delete_a_plugin(page, admin).await;
 }
@@ -679,6 +680,80 @@ async fn purge_a_queue(page: &Page, admin: &Api) {
     let (_, queue) = admin.get("/queues/mail").await;
     assert_eq!(queue["tasks"]["pending"], 0, "{queue}");
     assert_eq!(admin.get("/queues/mail/tasks/welcome-1").await.0, 404);
+}
+
+/// The overview's failed count leads to the Failures page, which lists a queue task, a
+/// timer's last run and a Life's birth that failed for good, each with its error, and
+/// re-runs the task from there.
+async fn see_what_failed(page: &Page, sink: &Sink, admin: &Api) {
+    sink.answer_paths(&[("/broken", 500), ("/missing", 404)]);
+    let broken = json!({"path": "/broken", "method": "POST"});
+    let missing = json!({"path": "/missing", "method": "POST", "retry_count": 0});
+    let (status, reply) = admin
+        .put("/queues/fragile", &json!({"retry": {"limit": 0}}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let (status, reply) = admin
+        .post("/queues/fragile/tasks", &json!({"name": "ft1", "action": broken}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let (status, reply) = admin
+        .post(
+            "/timers",
+            &json!({"name": "doomed", "schedule": "* * * * * *", "timezone": "UTC", "retries": 0,
+                    "action": {"path": "/missing", "method": "POST"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let (status, reply) = admin
+        .post(
+            "/schedules",
+            &json!({"life_uuid": "lost", "birth_time": kairos_e2e::at_ms_from_now(2_000), "birth": missing}),
+        )
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    wait_api(admin, "/queues/fragile", "the task failed", |q| {
+        q["tasks"]["failed"] == 1
+    })
+    .await;
+    wait_api(admin, "/timers/doomed", "the timer failed", |t| {
+        t["last_outcome"] == "failed"
+    })
+    .await;
+    wait_api(admin, "/schedules/lost", "the birth failed", |l| {
+        l["state"] == "Stillbirth"
+    })
+    .await;
+    let (status, _) = admin.post("/timers/doomed/deactivate", &json!({})).await;
+    assert_eq!(status, 200);
+
+    page.goto("#/").await;
+    page.ready("overview").await;
+    page.click("#count-failed").await;
+    page.ready("failures").await;
+    for (row, error) in [
+        ("#failed-tasks tr[data-task=ft1]", "500"),
+        ("#failed-timers tr[data-timer=doomed]", "404"),
+        ("#failed-lives tr[data-life=lost]", "404"),
+    ] {
+        page.until(
+            &format!("{row} with {error}"),
+            &format!("document.querySelector('{row}') && document.querySelector('{row}').innerText.includes('{error}')"),
+        )
+        .await;
+    }
+    page.screenshot("failures").await;
+    page.click("#failed-tasks tr[data-task=ft1] button[data-action=run-task]")
+        .await;
+    let said = page.notice("ok").await;
+    assert!(said.contains("re-run"), "{said}");
+    sink.wait_until("the task's second call", WAIT, |got| {
+        got.iter()
+            .filter(|r| r.header("x-kairos-task") == Some("ft1"))
+            .count()
+            == 2
+    })
+    .await;
 }
 
 /// A task that failed for good (the sink answers 500, no retry) is listed as failed and
@@ -884,6 +959,7 @@ async fn the_page_needs_no_token_and_is_not_in_the_api_document() {
         ("/ui/app.js", "text/javascript"),
         ("/ui/lib.js", "text/javascript"),
         ("/ui/pages.js", "text/javascript"),
+        ("/ui/failures.js", "text/javascript"),
         ("/ui/style.css", "text/css"),
     ] {
         let (status, headers, _) = anon

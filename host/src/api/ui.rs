@@ -43,6 +43,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("ui/pages.js"),
     ),
     (
+        "failures.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/failures.js"),
+    ),
+    (
         "docs.html",
         "text/html; charset=utf-8",
         include_str!("ui/docs.html"),

@@ -6,6 +6,7 @@ import {
   act, add, api, badge, confirmButton, duration, epochText, facts, fill, h, jsonBlock, lineChart, link,
   metric, notice, parseJson, parseMetrics, rel, route, table, typedTime, when,
 } from './lib.js';
+import { failures } from './failures.js';
 
 const STATES = ['Inexistent', 'Alive', 'Dead', 'Stillbirth', 'Invalidated'];
 
@@ -112,8 +113,9 @@ async function overview(view, ctx) {
 }
 
 function drawCounts(cards, m) {
-  const card = (label, value, hint) => h('div', { class: 'card count', dataset: { metric: label } },
-    h('div', { class: 'value' }, String(value)), h('div', { class: 'label' }, label), hint ? h('small', { class: 'muted' }, hint) : null);
+  const card = (label, value, hint, href) => h('div', { class: 'card count', dataset: { metric: label } },
+    h('div', { class: 'value' }, href ? h('a', { href, id: `count-${label.split(' ')[0].toLowerCase()}` }, String(value)) : String(value)),
+    h('div', { class: 'label' }, label), hint ? h('small', { class: 'muted' }, hint) : null);
   const oldest = metric(m, 'kairos_oldest_overdue_plan_age_seconds');
   const lives = (state) => metric(m, 'kairos_lives', { state });
   fill(cards,
@@ -123,7 +125,7 @@ function drawCounts(cards, m) {
     card('Dead', lives('Dead'), 'finished, kept as history'),
     card('Stillbirth', lives('Stillbirth'), 'cancelled before birth, or birth failed'),
     card('Invalidated', lives('Invalidated'), 'birth missed while hosts were down'),
-    card('Failed (1 h)', metric(m, 'kairos_failed_runs_last_hour'), 'runs failed for good, all hosts'),
+    card('Failed (1 h)', metric(m, 'kairos_failed_runs_last_hour'), 'runs failed for good, all hosts: see Failures', '#/failures'),
     card('Waiting (Standby)', metric(m, 'kairos_due_plans'), 'Plans and tasks in Redis, all hosts'),
     card('Overdue', metric(m, 'kairos_overdue_plans') + metric(m, 'kairos_overdue_tasks'),
       oldest > 0 ? `oldest waited ${oldest.toFixed(1)} s` : 'none waiting past its time'),
@@ -521,4 +523,4 @@ async function plugin(view, ctx, name) {
     uploadForm(name));
 }
 
-export const pages = { overview, schedules, timers, queues, plugins };
+export const pages = { overview, schedules, timers, queues, plugins, failures };
