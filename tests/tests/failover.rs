@@ -162,8 +162,9 @@ fn p99(mut late: Vec<i64>) -> i64 {
 }
 
 /// The checks every run makes: nothing acknowledged lost or run twice at once; bookings
-/// of untouched shards on time; those of a dead master's shards fired within 2 s of its
-/// replica's promotion.
+/// of untouched shards on time; a dead master's shards resumed within 2 s of its
+/// replica's promotion (their first fire after it), and the backlog of its outage, or a
+/// booking due later, fired within 1 s more: the catch-up burst drains on a busy machine.
 async fn check_firing(sink: &Sink, bookings: &[Booking], outages: &[Outage]) {
     let acked: Vec<&Booking> = bookings.iter().filter(|b| b.status == 200).collect();
     assert!(
@@ -179,23 +180,44 @@ async fn check_firing(sink: &Sink, bookings: &[Booking], outages: &[Outage]) {
     );
     let mut untouched = Vec::new();
     let mut late_after_promotion = Vec::new();
+    // Each outage's first fire of a booking it held back: when its shards resumed.
+    let mut resumed: Vec<Option<i64>> = vec![None; outages.len()];
     for b in &acked {
         let fired_ms = first[&b.id];
-        let outage = outages.iter().find(|o| {
+        let outage = outages.iter().position(|o| {
             o.slots.contains(&b.slot)
                 && b.due_ms >= o.killed_ms - 500
                 && b.due_ms <= o.promoted_ms + 2_000
         });
         match outage {
-            Some(o) => {
-                // Due while its master was down (or just before): fired within 2 s of the
+            Some(i) => {
+                let o = &outages[i];
+                if b.due_ms < o.promoted_ms {
+                    let first = resumed[i].get_or_insert(fired_ms);
+                    *first = (*first).min(fired_ms);
+                }
+                // Due while its master was down (or just before): fired within 3 s of the
                 // promotion, or of its own time if that came later.
-                let by_ms = b.due_ms.max(o.promoted_ms) + 2_000;
+                let by_ms = b.due_ms.max(o.promoted_ms) + 3_000;
                 if fired_ms > by_ms {
                     late_after_promotion.push((b.id.clone(), fired_ms - by_ms));
                 }
             }
             None => untouched.push(fired_ms - b.due_ms),
+        }
+    }
+    assert!(
+        resumed.iter().any(Option::is_some),
+        "no booking was due while a master was down: the test proves nothing"
+    );
+    for (o, resumed) in outages.iter().zip(&resumed) {
+        if let Some(at) = resumed {
+            assert!(
+                *at <= o.promoted_ms + 2_000,
+                "the shards of the master killed at {} resumed {} ms after its replica's promotion",
+                o.killed_ms,
+                at - o.promoted_ms
+            );
         }
     }
     let untouched_p99 = p99(untouched.clone());
@@ -212,7 +234,7 @@ async fn check_firing(sink: &Sink, bookings: &[Booking], outages: &[Outage]) {
     );
     assert!(
         late_after_promotion.is_empty(),
-        "a dead master's shards did not fire within 2 s of the promotion: {late_after_promotion:?}"
+        "a dead master's backlog did not fire within 3 s of the promotion: {late_after_promotion:?}"
     );
 }
 
