@@ -159,7 +159,7 @@ impl Page {
             }
             if Instant::now() >= deadline {
                 let text = self
-                    .js("return document.body ? document.body.innerText : ''")
+                    .js("return (document.body ? document.body.innerText : '') + '\\n[at ' + location.href + ', main ' + JSON.stringify(Object.assign({}, document.querySelector('main') && document.querySelector('main').dataset)) + ']'")
                     .await;
                 panic!(
                     "the page did not show {what} within {WAIT:?}; it shows:\n{}",
@@ -694,7 +694,10 @@ async fn see_what_failed(page: &Page, sink: &Sink, admin: &Api) {
         .await;
     assert_eq!(status, 200, "{reply}");
     let (status, reply) = admin
-        .post("/queues/fragile/tasks", &json!({"name": "ft1", "action": broken}))
+        .post(
+            "/queues/fragile/tasks",
+            &json!({"name": "ft1", "action": broken}),
+        )
         .await;
     assert_eq!(status, 200, "{reply}");
     let (status, reply) = admin
@@ -754,6 +757,86 @@ async fn see_what_failed(page: &Page, sink: &Sink, admin: &Api) {
             == 2
     })
     .await;
+    wait_api(admin, "/queues/fragile", "the task failed again", |q| {
+        q["tasks"]["failed"] == 1
+    })
+    .await;
+
+    // The queue's own page: its failed tasks with their failure time, re-run all of them
+    // at once, then delete all of them at once.
+    page.goto("#/queues/fragile").await;
+    page.ready("queues").await;
+    let failed_at = page.text("#failed tr[data-task=ft1] td:nth-child(3)").await;
+    assert!(
+        failed_at.starts_with("20") && failed_at.contains("ago"),
+        "{failed_at}"
+    );
+    page.click("#rerun-all-failed").await;
+    page.click("[data-confirm=yes]").await;
+    let said = page.notice("ok").await;
+    assert!(said.contains("re-run"), "{said}");
+    sink.wait_until("the task's third call", WAIT, |got| {
+        got.iter()
+            .filter(|r| r.header("x-kairos-task") == Some("ft1"))
+            .count()
+            == 3
+    })
+    .await;
+    wait_api(
+        admin,
+        "/queues/fragile",
+        "the task failed a third time",
+        |q| q["tasks"]["failed"] == 1,
+    )
+    .await;
+    page.goto("#/queues/fragile").await;
+    page.ready("queues").await;
+    page.click("#delete-all-failed").await;
+    page.click("[data-confirm=yes]").await;
+    let said = page.notice("ok").await;
+    assert!(said.contains("deleted"), "{said}");
+    wait_api(admin, "/queues/fragile", "no failed task left", |q| {
+        q["tasks"]["failed"] == 0
+    })
+    .await;
+    assert_eq!(admin.get("/queues/fragile/tasks/ft1").await.0, 404);
+
+    // A Life found by its id.
+    page.goto("#/schedules").await;
+    page.ready("schedules").await;
+    page.type_into("#find-life", "lost").await;
+    page.click("#find button[type=submit]").await;
+    page.until(
+        "the Life's page",
+        "location.hash === '#/schedules/lost' && document.querySelector('main').dataset.ready === 'schedules' && document.querySelector('h1').innerText.includes('lost')",
+    )
+    .await;
+
+    // Auto-refresh: the page renders itself again within 5 s while it is on, and stays on
+    // across pages until it is turned off.
+    page.goto("#/failures").await;
+    page.ready("failures").await;
+    page.click("#auto-refresh").await;
+    page.js("document.querySelector('h1').dataset.old = '1'; return true")
+        .await;
+    page.until(
+        "a refresh of its own",
+        "document.querySelector('main').dataset.ready === 'failures' && document.querySelector('h1') && !document.querySelector('h1').dataset.old",
+    )
+    .await;
+    page.goto("#/queues").await;
+    page.ready("queues").await;
+    assert_eq!(
+        page.js("return document.getElementById('auto-refresh').checked")
+            .await,
+        json!(true)
+    );
+    page.click("#auto-refresh").await;
+    assert_eq!(
+        page.js("return sessionStorage.getItem('kairos.autoRefresh')")
+            .await,
+        json!("0")
+    );
 }
 
 /// A task that failed for good (the sink answers 500, no retry) is listed as failed and

@@ -16,8 +16,13 @@ function parseHash() {
   return { page: parts[0] || 'overview', args: parts.slice(1), query: new URLSearchParams(q || '') };
 }
 
+/// Which render is the latest: one still loading when another starts (a refresh that a
+/// button's act began, then a click elsewhere) must not mark the page ready when it ends.
+let generation = 0;
+
 async function render() {
   if (asking) return;
+  const mine = ++generation;
   current.stop();
   current = { stop: () => {} };
   const { page, args, query } = parseHash();
@@ -42,12 +47,11 @@ async function render() {
   };
   try {
     await show(view, ctx);
-    main.dataset.ready = page;
   } catch (e) {
     if (e instanceof ApiError && e.status === 401) return;
     view.append(h('p', { class: 'error' }, e instanceof ApiError ? e.toString() : String(e)));
-    main.dataset.ready = page;
   }
+  if (mine === generation) main.dataset.ready = page;
 }
 
 /// The token form: shown at start when the API wants one, and whenever it refuses it.

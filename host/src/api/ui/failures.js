@@ -5,14 +5,14 @@
 // queue, 200 timers, 100 Lives.
 
 import {
-  act, api, badge, confirmButton, epochText, fill, h, link, table, when,
+  act, api, badge, confirmButton, epochText, fill, h, link, refreshTools, table, when,
 } from './lib.js';
 
 const DAY_MS = 86_400_000;
 
 function heading(ctx) {
   return h('div', { class: 'heading' }, h('h1', {}, 'Failures'),
-    h('div', { class: 'tools' }, h('button', { type: 'button', class: 'secondary', onclick: () => ctx.rerender() }, 'Refresh')));
+    h('div', { class: 'tools' }, refreshTools(ctx)));
 }
 
 async function failedTasks() {

@@ -113,6 +113,28 @@ export function fill(el, ...children) {
   return add(el, ...children);
 }
 
+/// A page's Refresh button, and a toggle that refreshes it every 5 s while checked (the
+/// choice is kept for the tab, across pages; the timer stops with the page).
+export function refreshTools(ctx) {
+  const auto = h('input', { type: 'checkbox', id: 'auto-refresh' });
+  auto.checked = sessionStorage.getItem('kairos.autoRefresh') === '1';
+  let timer = null;
+  const arm = () => {
+    clearInterval(timer);
+    timer = auto.checked ? setInterval(() => ctx.rerender(), 5000) : null;
+  };
+  auto.addEventListener('change', () => {
+    sessionStorage.setItem('kairos.autoRefresh', auto.checked ? '1' : '0');
+    arm();
+  });
+  arm();
+  ctx.onStop(() => clearInterval(timer));
+  return [
+    h('button', { type: 'button', class: 'secondary', onclick: () => ctx.rerender() }, 'Refresh'),
+    h('label', { class: 'auto-refresh', title: 'Refresh this page every 5 s' }, auto, ' auto-refresh'),
+  ];
+}
+
 /// A link inside the dashboard: `#/` followed by path segments, each encoded.
 export function link(text, ...segments) {
   return h('a', { href: route(...segments) }, text);
@@ -205,9 +227,12 @@ export function duration(ms) {
   return ms < 1000 ? `${ms} ms` : ms < 60e3 ? `${(ms / 1e3).toFixed(1)} s` : `${(ms / 60e3).toFixed(1)} min`;
 }
 
-export function badge(state) {
+/// `of` names what the state is of where its colours differ (a queue that is `running`
+/// is well, a Plan that is `Running` is under way).
+export function badge(state, of) {
   const s = String(state ?? '');
-  return h('span', { class: `badge ${s.toLowerCase().replace(/[^a-z_]/g, '')}` }, s || '—');
+  const name = s.toLowerCase().replace(/[^a-z_]/g, '');
+  return h('span', { class: `badge ${of ? `${of}-${name}` : name}` }, s || '—');
 }
 
 /// A time the operator typed: `+90s`, `+10m`, `+2h`, `+1d` from now (sent as RFC 3339),

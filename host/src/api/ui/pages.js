@@ -4,7 +4,7 @@
 
 import {
   act, add, api, badge, confirmButton, duration, epochText, facts, fill, h, jsonBlock, lineChart, link,
-  metric, notice, parseJson, parseMetrics, rel, route, table, typedTime, when,
+  metric, notice, parseJson, parseMetrics, refreshTools, rel, route, table, typedTime, when,
 } from './lib.js';
 import { failures } from './failures.js';
 
@@ -15,7 +15,7 @@ function heading(text, ...extra) {
 }
 
 function refreshButton(ctx) {
-  return h('button', { type: 'button', class: 'secondary', onclick: () => ctx.rerender() }, 'Refresh');
+  return refreshTools(ctx);
 }
 
 function field(label, input, hint) {
@@ -164,6 +164,13 @@ async function schedules(view, ctx) {
     location.hash = `#/schedules?${p}`;
   });
 
+  const wanted = h('input', { id: 'find-life', placeholder: 'a Life id', required: true });
+  const find = h('form', { class: 'filters', id: 'find' }, wanted, h('button', { type: 'submit', class: 'secondary' }, 'Go to Life'));
+  find.addEventListener('submit', (e) => {
+    e.preventDefault();
+    location.hash = route('schedules', wanted.value.trim());
+  });
+
   const rows = page.items.map((l) => h('tr', { dataset: { life: l.life_uuid } },
     h('td', { class: 'mono' }, link(l.life_uuid, 'schedules', l.life_uuid)),
     h('td', {}, l.schedule_type), h('td', {}, badge(l.state)), h('td', {}, l.resource_id || ''),
@@ -175,6 +182,7 @@ async function schedules(view, ctx) {
   fill(view,
     heading('Schedules', refreshButton(ctx)),
     filters,
+    find,
     table(['Life', 'Type', 'State', 'Resource', 'Birth', 'Death'], rows, 'No Life matches.'),
     h('p', { class: 'pager' },
       q.get('cursor') ? h('a', { href: `#/schedules?${first}`, class: 'button secondary' }, '← First page') : null, ' ',
@@ -400,11 +408,43 @@ function bucket(qv) {
   return parts.join(', ');
 }
 
+/// Most tasks one bulk action takes on (pages of 100 of the failed list).
+const BULK_MAX = 5000;
+
+/// "Re-run all failed" and "Delete all failed" of a push queue: every failed task, a page
+/// of the failed list at a time, until it is empty or BULK_MAX tasks were taken.
+function bulkButtons(path, name, reload) {
+  const each = (verb, call) => async () => {
+    let done = 0;
+    const seen = new Set();
+    while (done < BULK_MAX) {
+      const page = await api('GET', `${path}/failed`, { query: { limit: 100 } });
+      const fresh = page.items.filter((t) => !seen.has(t.name));
+      if (!fresh.length) break;
+      for (const t of fresh) {
+        seen.add(t.name);
+        await call(`${path}/tasks/${encodeURIComponent(t.name)}`);
+        done += 1;
+      }
+    }
+    return { done, verb };
+  };
+  const run = each('re-run', (p) => api('POST', `${p}/run`));
+  const del = each('deleted', (p) => api('DELETE', p));
+  return [
+    confirmButton('Re-run all failed', `Run every failed task of ${name} again now?`,
+      (b) => act(b, `Failed tasks of ${name} re-run`, run, reload), { id: 'rerun-all-failed' }),
+    ' ',
+    confirmButton('Delete all failed', `Delete every failed task of ${name}?`,
+      (b) => act(b, `Failed tasks of ${name} deleted`, del, reload), { id: 'delete-all-failed', class: 'secondary' }),
+  ];
+}
+
 async function queues(view, ctx) {
   if (ctx.args.length) return queue(view, ctx, ctx.args[0]);
   const list = await api('GET', '/queues');
   const rows = list.items.map((qv) => h('tr', { dataset: { queue: qv.name } },
-    h('td', {}, link(qv.name, 'queues', qv.name)), h('td', {}, qv.mode), h('td', {}, badge(qv.state)),
+    h('td', {}, link(qv.name, 'queues', qv.name)), h('td', {}, qv.mode), h('td', {}, badge(qv.state, 'queue')),
     h('td', {}, String(qv.tasks.pending ?? 0)), h('td', {}, String(qv.tasks.running ?? qv.tasks.leased ?? 0)),
     h('td', {}, String(qv.tasks.failed ?? 0)), h('td', {}, bucket(qv)),
     h('td', {}, qv.max_concurrent ? String(qv.max_concurrent) : qv.mode === 'pull' ? '' : 'no limit'),
@@ -426,7 +466,8 @@ async function queue(view, ctx, name) {
     (b) => act(b, `Queue ${name} purged`, () => api('POST', `${path}/purge`), reload), { id: 'purge' });
   const taskPath = (t) => `${path}/tasks/${encodeURIComponent(t.name)}`;
   const taskRow = (t, again) => h('tr', { dataset: { task: t.name } },
-    h('td', { class: 'mono' }, t.name), h('td', {}, badge(t.state)), h('td', {}, when(t.eta, t.eta_ms)),
+    h('td', { class: 'mono' }, t.name), h('td', {}, badge(t.state)),
+    h('td', {}, again && t.failed_at ? when(t.failed_at, Date.parse(t.failed_at)) : when(t.eta, t.eta_ms)),
     h('td', {}, t.attempts ?? ''), h('td', {}, t.last_status ?? ''), h('td', { class: 'error-text' }, t.last_error || ''),
     h('td', {}, t.action ? jsonBlock(t.action, t.action.plugin ? `plugin ${t.action.plugin}` : `${t.action.method || ''} ${t.action.path || t.action.url || ''}`) : ''),
     h('td', { class: 'actions' },
@@ -439,7 +480,7 @@ async function queue(view, ctx, name) {
     heading(`Queue ${name}`, refreshButton(ctx), queueButtons(qv, reload), purge),
     h('p', {}, h('a', { href: '#/queues' }, '← Queues')),
     h('section', { class: 'card' }, facts([
-      ['State', h('span', { id: 'queue-state' }, badge(qv.state))],
+      ['State', h('span', { id: 'queue-state' }, badge(qv.state, 'queue'))],
       ['Mode', qv.mode],
       ['Depth', h('span', { id: 'queue-depth' }, String(qv.tasks.pending ?? 0))],
       ['Running', String(qv.tasks.running ?? qv.tasks.leased ?? 0)],
@@ -450,7 +491,10 @@ async function queue(view, ctx, name) {
       ['Retry', `limit ${r.limit ?? '∞'}, backoff ${r.min_backoff}–${r.max_backoff} s, ${r.max_doublings} doublings${r.age_limit ? `, age limit ${r.age_limit} s` : ''}`],
     ])),
     h('section', { class: 'card', id: 'failed' }, h('h2', {}, `Failed (${qv.tasks.failed ?? 0})`),
-      table(['Task', 'State', 'ETA', 'Attempts', 'Last status', 'Last error', 'Action', ''], failed.items.map((t) => taskRow(t, true)), 'No failed task.')),
+      failed.items.length && qv.mode !== 'pull' ? h('p', { class: 'tools' }, bulkButtons(path, name, reload)) : null,
+      table(['Task', 'State', 'Failed at', 'Attempts', 'Last status', 'Last error', 'Action', ''],
+        [...failed.items].sort((a, b) => (b.failed_at || '').localeCompare(a.failed_at || '')).map((t) => taskRow(t, true)), 'No failed task.'),
+      failed.items.length >= 50 ? h('p', { class: 'muted' }, 'The latest 50; the bulk buttons act on every failed task.') : null),
     h('section', { class: 'card' }, h('h2', {}, 'Waiting and running'),
       table(['Task', 'State', 'ETA', 'Attempts', 'Last status', 'Last error', 'Action', ''], pending.items.map((t) => taskRow(t, false)), 'No task waiting.'),
       pending.items.length >= 50 ? h('p', { class: 'muted' }, 'The first 50 by ETA.') : null));
