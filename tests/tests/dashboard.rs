@@ -801,9 +801,22 @@ async fn see_what_failed(page: &Page, sink: &Sink, admin: &Api) {
     .await;
     assert_eq!(admin.get("/queues/fragile/tasks/ft1").await.0, 404);
 
-    // A Life found by its id.
+    // The list says how many Lives there are in all (the shards' census), and a Life is
+    // found by its id.
     page.goto("#/schedules").await;
     page.ready("schedules").await;
+    let count = page.text("#list-count").await;
+    let (_, metrics) = admin.text("/metrics").await;
+    let lives: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("kairos_lives{"))
+        .map(|l| l.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+        .sum();
+    assert!(lives >= 2.0, "{metrics}");
+    assert!(
+        count.contains(&format!(" of {lives}, ")),
+        "{count} vs {lives} Lives"
+    );
     page.type_into("#find-life", "lost").await;
     page.click("#find button[type=submit]").await;
     page.until(

@@ -146,7 +146,15 @@ async function schedules(view, ctx) {
     state: q.get('state'), resource_id: q.get('resource_id'), from: q.get('from'), to: q.get('to'),
     limit: q.get('limit') || 50, cursor: q.get('cursor'),
   };
-  const page = await api('GET', '/schedules', { query });
+  const [page, metricsText] = await Promise.all([
+    api('GET', '/schedules', { query }),
+    api('GET', '/metrics').catch(() => ''),
+  ]);
+  // How many there are: the census every shard keeps (kairos_lives), for the whole list or
+  // one state; a filter on a resource or a time range has no count of its own.
+  const census = parseMetrics(metricsText);
+  const counted = !query.resource_id && !query.from && !query.to && census.some((m) => m.name === 'kairos_lives');
+  const total = counted ? metric(census, 'kairos_lives', query.state ? { state: query.state } : {}) : null;
 
   const state = h('select', { name: 'state', id: 'filter-state' },
     h('option', { value: '' }, 'any state'), STATES.map((s) => h('option', { value: s }, s)));
@@ -187,7 +195,8 @@ async function schedules(view, ctx) {
     h('p', { class: 'pager' },
       q.get('cursor') ? h('a', { href: `#/schedules?${first}`, class: 'button secondary' }, '← First page') : null, ' ',
       page.next_cursor ? h('a', { href: `#/schedules?${next}`, class: 'button secondary', id: 'next-page' }, 'Next page →') : null,
-      h('small', { class: 'muted' }, ` ${page.items.length} shown, by birth time`)),
+      h('small', { class: 'muted', id: 'list-count' },
+        ` ${page.items.length} shown${total !== null ? ` of ${total.toLocaleString('en')}` : ''}, by birth time`)),
     bookForm());
 }
 
