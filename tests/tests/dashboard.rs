@@ -383,6 +383,24 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
         "document.querySelector('.chart polyline')",
     )
     .await;
+    // With axes: three value gridlines labelled in its unit, and the first and last
+    // sample's times.
+    let axes = page
+        .js("const c = document.querySelector('.chart'); return [c.querySelectorAll('line.grid').length, [...c.querySelectorAll('text.axis')].map((t) => t.textContent)]")
+        .await;
+    assert_eq!(axes[0], json!(3), "{axes}");
+    let labels: Vec<&str> = axes[1]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(labels.len(), 5, "{labels:?}");
+    assert!(labels[..3].iter().all(|l| l.ends_with("/s")), "{labels:?}");
+    assert!(
+        labels[3..].iter().all(|l| l.matches(':').count() == 2),
+        "{labels:?}"
+    );
     page.until(
         "the due-soon list (nothing in the next hour but the timer)",
         "document.body.innerText.includes('nightly')",

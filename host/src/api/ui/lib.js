@@ -309,25 +309,40 @@ function svg(tag, attrs) {
 /// A line chart of `points` ([t ms, value]), with its title and the last value.
 export function lineChart(title, points, unit, digits = 1) {
   const width = 360;
-  const height = 90;
+  const height = 110;
+  // Room for the value axis on the left and the time axis below.
+  const left = 40;
+  const right = 6;
+  const top = 8;
+  const bottom = 18;
   const box = svg('svg', { viewBox: `0 0 ${width} ${height}`, class: 'chart', role: 'img', 'aria-label': title });
   const last = points.length ? points[points.length - 1][1] : null;
+  const label = (x, y, anchor, text, cls = 'axis') => {
+    const t = svg('text', { x, y, 'text-anchor': anchor, class: cls });
+    t.textContent = text;
+    box.append(t);
+  };
   if (points.length >= 2) {
     const t0 = points[0][0];
     const t1 = points[points.length - 1][0];
-    const max = Math.max(...points.map((p) => p[1]), 1e-9);
-    const x = (t) => ((t - t0) / Math.max(t1 - t0, 1)) * (width - 8) + 4;
-    const y = (v) => height - 6 - (v / max) * (height - 20);
+    // All zero: a scale of 0 to 1, not of 0 to nothing.
+    const max = Math.max(...points.map((p) => p[1]), 0) || 1;
+    const x = (t) => left + ((t - t0) / Math.max(t1 - t0, 1)) * (width - left - right);
+    const y = (v) => height - bottom - (v / max) * (height - top - bottom);
+    // Value axis: gridlines at 0, half and the most, labelled with the unit.
+    for (const v of [0, max / 2, max]) {
+      box.append(svg('line', { x1: left, x2: width - right, y1: y(v).toFixed(1), y2: y(v).toFixed(1), class: 'grid' }));
+      label(left - 4, y(v) + 3, 'end', `${v.toFixed(digits)}${unit === '/s' ? '' : ' '}${unit}`);
+    }
+    // Time axis: when the first sample was taken, and the last.
+    const clock = (t) => new Date(t).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit' });
+    label(left, height - 4, 'start', clock(t0));
+    label(width - right, height - 4, 'end', clock(t1));
     const coords = points.map(([t, v]) => `${x(t).toFixed(1)},${y(v).toFixed(1)}`).join(' ');
-    box.append(svg('polygon', { points: `4,${height - 6} ${coords} ${x(t1).toFixed(1)},${height - 6}`, class: 'area' }));
+    box.append(svg('polygon', { points: `${left},${y(0)} ${coords} ${x(t1).toFixed(1)},${y(0)}`, class: 'area' }));
     box.append(svg('polyline', { points: coords, class: 'line' }));
-    const top = svg('text', { x: width - 4, y: 11, 'text-anchor': 'end', class: 'axis' });
-    top.textContent = `max ${max.toFixed(digits)} ${unit}`;
-    box.append(top);
   } else {
-    const wait = svg('text', { x: width / 2, y: height / 2, 'text-anchor': 'middle', class: 'axis' });
-    wait.textContent = 'sampling…';
-    box.append(wait);
+    label(width / 2, height / 2, 'middle', 'sampling…');
   }
   return h('figure', { class: 'card chart-card' },
     h('figcaption', {}, title, ' ', h('b', {}, last === null ? '—' : `${last.toFixed(digits)} ${unit}`)),
