@@ -446,7 +446,14 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
         "location.hash === '#/schedules/ui0booked' && document.querySelector('main').dataset.ready === 'schedules' && document.getElementById('life-state')",
     )
     .await;
-    assert_eq!(page.text("#life-state").await, "Inexistent");
+    // Read as a person says it, the seed's name beside.
+    assert_eq!(page.text("#life-state .badge").await, "Pending");
+    assert_eq!(page.text("#life-state .seed").await, "Inexistent");
+    assert_eq!(
+        page.js("return document.querySelector('#life-state .badge').dataset.state")
+            .await,
+        json!("Inexistent")
+    );
     let shard = ks.resource("conn-ui").clone();
     let (record, _) = redis.life_record(&shard, "ui0booked").await.unwrap();
     assert_eq!(record.state, "Inexistent");
@@ -491,7 +498,7 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
     page.notice("ok").await;
     page.until(
         "the Life as Stillbirth",
-        "document.getElementById('life-state') && document.getElementById('life-state').textContent === 'Stillbirth'",
+        "document.querySelector('#life-state .badge') && document.querySelector('#life-state .badge').dataset.state === 'Stillbirth' && document.querySelector('#life-state').innerText.includes('Cancelled or birth failed')",
     )
     .await;
     let deadline = Instant::now() + WAIT;

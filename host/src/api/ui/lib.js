@@ -227,12 +227,26 @@ export function duration(ms) {
   return ms < 1000 ? `${ms} ms` : ms < 60e3 ? `${(ms / 1e3).toFixed(1)} s` : `${(ms / 60e3).toFixed(1)} min`;
 }
 
-/// `of` names what the state is of where its colours differ (a queue that is `running`
-/// is well, a Plan that is `Running` is under way).
+/// The words a person reads for the states of Lives and Plans, with what each means (the
+/// badge's tooltip); the seed's name is shown beside them.
+const READABLE = {
+  Inexistent: ['Pending', 'booked; its birth is to come'],
+  Dead: ['Finished', 'its actions ran; kept as history'],
+  Stillbirth: ['Cancelled or birth failed', 'cancelled before its birth, or its birth failed for good'],
+  Invalidated: ['Missed', 'its time passed while no host could run it in time'],
+  Standby: ['Waiting', 'in Redis until its time'],
+  Preset: ['Claimed', 'a host holds it, to start it at its time'],
+};
+
+/// A state as a coloured badge (`data-state` holds the API's word). `of` names what the
+/// state is of where its colours differ (a queue that is `running` is well, a Plan that
+/// is `Running` is under way); states of Lives and Plans read as a person says them.
 export function badge(state, of) {
   const s = String(state ?? '');
   const name = s.toLowerCase().replace(/[^a-z_]/g, '');
-  return h('span', { class: `badge ${of ? `${of}-${name}` : name}` }, s || '—');
+  const [words, meaning] = (!of && READABLE[s]) || [s, null];
+  const el = h('span', { class: `badge ${of ? `${of}-${name}` : name}`, title: meaning, dataset: { state: s } }, words || '—');
+  return words === s ? el : [el, ' ', h('small', { class: 'seed muted' }, s)];
 }
 
 /// A time the operator typed: `+90s`, `+10m`, `+2h`, `+1d` from now (sent as RFC 3339),
