@@ -529,7 +529,8 @@ fn check_monitoring_files(promtool: &std::path::Path, text: &str) {
             )
         })
         .collect();
-    let file = tempfile_in_target("grafana-queries.yml");
+    let dir = TempDir::new("grafana");
+    let file = dir.0.join("grafana-queries.yml");
     std::fs::write(
         &file,
         format!("groups:\n  - name: panels\n    rules:\n{as_rules}"),
@@ -558,15 +559,6 @@ fn check_monitoring_files(promtool: &std::path::Path, text: &str) {
     }
     assert!(seen >= 30, "only {seen} series named");
     assert!(missing.is_empty(), "named but not exported: {missing:?}");
-}
-
-/// A path under the workspace's target/ for a file a test writes and need not keep.
-fn tempfile_in_target(name: &str) -> std::path::PathBuf {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/test-files")
-        .join(std::process::id().to_string());
-    std::fs::create_dir_all(&dir).unwrap();
-    dir.join(name)
 }
 
 /// `kairos_lives{state}`: the Lives per state of every shard, kept by the scripts as the

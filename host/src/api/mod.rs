@@ -191,15 +191,16 @@ async fn count_requests(
     request: Request,
     next: Next,
 ) -> Response {
+    // A clone of the template axum keeps (shared, not copied).
     let route = request
         .extensions()
         .get::<axum::extract::MatchedPath>()
-        .map(|p| p.as_str().to_owned());
+        .cloned();
     let method = request.method().clone();
     let started = std::time::Instant::now();
     let response = next.run(request).await;
     app.engine.metrics.http.observe(
-        route.as_deref(),
+        route.as_ref().map(|p| p.as_str()),
         method.as_str(),
         response.status().as_u16(),
         started.elapsed(),

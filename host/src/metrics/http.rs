@@ -28,10 +28,11 @@ struct RouteStats {
     sum_us: u64,
 }
 
-/// Request counts and latencies by route template and method.
+/// Request counts and latencies by route template, then method: a request of a route
+/// seen before is counted without allocating.
 #[derive(Default)]
 pub struct HttpMetrics {
-    routes: Mutex<BTreeMap<(String, &'static str), RouteStats>>,
+    routes: Mutex<BTreeMap<String, BTreeMap<&'static str, RouteStats>>>,
 }
 
 impl HttpMetrics {
@@ -52,8 +53,11 @@ impl HttpMetrics {
         let us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX);
         let secs = elapsed.as_secs_f64();
         let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (route.to_string(), method);
-        let stats = routes.entry(key).or_default();
+        let methods = match routes.get_mut(route) {
+            Some(methods) => methods,
+            None => routes.entry(route.to_string()).or_default(),
+        };
+        let stats = methods.entry(method).or_default();
         *stats.statuses.entry(status).or_default() += 1;
         for (bound, bucket) in LATENCY_BUCKETS.iter().zip(&mut stats.buckets) {
             if secs <= *bound {
@@ -71,7 +75,7 @@ impl HttpMetrics {
             out,
             "# HELP kairos_http_requests_total Requests to the REST API answered by this host, by route template, method and status.\n# TYPE kairos_http_requests_total counter"
         );
-        for ((route, method), stats) in routes.iter() {
+        for (route, method, stats) in flat(&routes) {
             let route = super::label_value(route);
             for (status, n) in &stats.statuses {
                 let _ = writeln!(
@@ -84,7 +88,7 @@ impl HttpMetrics {
             out,
             "# HELP kairos_http_request_duration_seconds How long the REST API took to answer a request (to its response's head), by route template and method.\n# TYPE kairos_http_request_duration_seconds histogram"
         );
-        for ((route, method), stats) in routes.iter() {
+        for (route, method, stats) in flat(&routes) {
             let labels = format!(
                 "route=\"{}\",method=\"{method}\"",
                 super::label_value(route)
@@ -104,6 +108,15 @@ impl HttpMetrics {
             );
         }
     }
+}
+
+/// Every (route, method) and its figures, in order.
+fn flat<'a>(
+    routes: &'a BTreeMap<String, BTreeMap<&'static str, RouteStats>>,
+) -> impl Iterator<Item = (&'a str, &'static str, &'a RouteStats)> {
+    routes
+        .iter()
+        .flat_map(|(route, methods)| methods.iter().map(move |(m, s)| (route.as_str(), *m, s)))
 }
 
 #[cfg(test)]

@@ -406,19 +406,29 @@ impl Metrics {
             get(&self.fenced_runs)
         );
         for (name, help, value) in gauges {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} gauge");
-            let _ = writeln!(out, "{name} {value}");
+            write_series(&mut out, name, help, "gauge", value);
         }
         for (name, help, value) in counters {
-            let _ = writeln!(out, "# HELP {name} {help}");
-            let _ = writeln!(out, "# TYPE {name} counter");
-            let _ = writeln!(out, "{name} {value}");
+            write_series(&mut out, name, help, "counter", value);
         }
         self.http.render(&mut out);
         process::render(&mut out);
         out
     }
+}
+
+/// One series without labels, with its HELP and TYPE lines.
+pub(crate) fn write_series(
+    out: &mut String,
+    name: &str,
+    help: &str,
+    kind: &str,
+    value: impl std::fmt::Display,
+) {
+    let _ = writeln!(
+        out,
+        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
+    );
 }
 
 fn count_named(runs: &Mutex<NamedRuns>, name: &str, outcome: &str) {

@@ -4,7 +4,7 @@
 //! descriptors, and the start time. Read from `/proc` at scrape time; where there is no
 //! `/proc` (not Linux), none are written.
 
-use std::fmt::Write;
+use super::write_series as series;
 
 /// What `/proc/self/stat` says of this process, in the units of the exposition.
 #[derive(Debug, PartialEq)]
@@ -119,13 +119,6 @@ pub fn render(out: &mut String) {
             );
         }
     }
-}
-
-fn series(out: &mut String, name: &str, help: &str, kind: &str, value: f64) {
-    let _ = writeln!(
-        out,
-        "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {value}"
-    );
 }
 
 #[cfg(test)]
