@@ -214,7 +214,11 @@ async fn listing_merges_every_shard_in_one_order_with_exact_cursors() {
     let mut got = Vec::new();
     let mut cursor = None;
     for _ in 0..100 {
-        let (page, next) = store
+        let kairos::store::Page {
+            items: page,
+            next_cursor: next,
+            ..
+        } = store
             .list(&ListFilter {
                 limit: 7,
                 cursor: cursor.clone(),
@@ -242,7 +246,7 @@ async fn listing_merges_every_shard_in_one_order_with_exact_cursors() {
         }
     }
     let (from, to) = (base + 10_000, base + 30_000);
-    let (page, _) = store
+    let page = store
         .list(&ListFilter {
             state: Some("Stillbirth".into()),
             from_ms: Some(from),
@@ -251,7 +255,8 @@ async fn listing_merges_every_shard_in_one_order_with_exact_cursors() {
             ..Default::default()
         })
         .await
-        .unwrap();
+        .unwrap()
+        .items;
     let got: Vec<&str> = page
         .iter()
         .map(|l| l["life_uuid"].as_str().unwrap())

@@ -951,6 +951,18 @@ async fn a_birth_missed_beyond_the_limit_is_invalidated() {
         assert!(error.contains("birth_delay_limit_time"), "{error}");
     }
     assert_eq!(plan(&term_life, "death")["state"], "Cancelled");
+    // Their outcome says why, and GET /failures lists them.
+    for life in [&point_life, &term_life] {
+        assert_eq!(life["outcome"], "invalidated", "{life:#}");
+        let why = life["outcome_reason"].as_str().unwrap_or("");
+        assert!(why.contains("birth_delay_limit_time"), "{life:#}");
+    }
+    let (_, failures) = api.get("/failures?outcome=invalidated").await;
+    assert_eq!(
+        failures["items"].as_array().map(Vec::len),
+        Some(2),
+        "{failures}"
+    );
     // A later booking on the second host fires, so the host is working; still nothing
     // of the invalidated Lives reached the sink.
     book(&api, &point("later", now_ms() + 1000, hook("later"))).await;

@@ -15,6 +15,7 @@ use serde_json::Value;
 const ROUTES: &[(&str, &[&str])] = &[
     ("/schedules", &["get", "post"]),
     ("/schedules/batch", &["post"]),
+    ("/failures", &["get"]),
     ("/schedules/{life_uuid}", &["get", "patch", "delete"]),
     ("/defer", &["post"]),
     ("/defer/{path}", &["get", "post", "put", "patch", "delete"]),
@@ -761,6 +762,13 @@ async fn every_real_answer_fits_the_document_strictly() {
         "/schedules/pl?force=true"
     );
     call!("delete", "/plugins/{name}", "/plugins/p1");
+    // Finished Lives with their outcomes, both ways, and the failures.
+    call!("get", "/schedules", "/schedules?order=desc&limit=5");
+    call!("get", "/schedules", "/schedules?outcome=cancelled");
+    call!("get", "/schedules", "/schedules?outcome=nope");
+    call!("get", "/failures", "/failures");
+    call!("get", "/failures", "/failures?outcome=birth_failed&limit=2");
+    call!("get", "/failures", "/failures?outcome=cancelled");
 
     assert!(
         problems.is_empty(),

@@ -134,6 +134,7 @@ pub fn router(app: Shared) -> Router {
             schedules::create_schedule
         ))
         .routes(routes!(schedules::create_schedules_batch))
+        .routes(routes!(schedules::list_failures))
         .routes(routes!(
             schedules::show_schedule,
             schedules::patch_schedule,

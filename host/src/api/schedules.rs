@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 
 use super::extractors::{flag, Query};
 use super::views::{
-    BatchRequest, BatchResult, Booked, BookingChange, Cancelled, LifePage, LifeView,
+    BatchRequest, BatchResult, Booked, BookingChange, Cancelled, FailurePage, LifePage, LifeView,
 };
 use super::{body_bytes, idempotent, App, Shared};
 use crate::bookings::idempotency::Answer;
@@ -200,6 +200,9 @@ pub(crate) struct ListQuery {
     /// Only Lives in this state.
     #[param(value_type = Option<super::views::LifeState>)]
     state: Option<String>,
+    /// Only Lives that came to this outcome (finished ones).
+    #[param(value_type = Option<super::views::LifeOutcome>)]
+    outcome: Option<String>,
     /// Only this resource's Lives.
     resource_id: Option<String>,
     /// Births from this time on (epoch ms, or either time format).
@@ -211,9 +214,23 @@ pub(crate) struct ListQuery {
     limit: Option<u32>,
     /// The `next_cursor` of the page before.
     cursor: Option<String>,
+    /// `asc` (default): the earliest birth first; `desc`: the latest first.
+    #[param(value_type = Option<SortOrder>)]
+    order: Option<String>,
 }
 
-/// Lists Lives by birth time, a page at a time.
+/// The order of a listing by time.
+#[derive(utoipa::ToSchema)]
+#[allow(dead_code)]
+#[schema(rename_all = "lowercase")]
+pub(crate) enum SortOrder {
+    Asc,
+    Desc,
+}
+
+/// Lists Lives by birth time, a page at a time, either way. A filter on state or outcome
+/// fills the page or ends the list unless a page's time budget runs out first (a rare
+/// match among very many Lives: then a short page with a cursor).
 #[utoipa::path(
     get,
     path = "/schedules",
@@ -242,6 +259,18 @@ pub(crate) async fn list_schedules(
         })?;
         filter.state = Some(state);
     }
+    if let Some(outcome) = query.outcome {
+        filter.outcome = Some(outcome.parse().map_err(|_| {
+            ApiError::bad_request(
+                "invalid_query",
+                format!(
+                    "outcome `{outcome}` is not one of {}",
+                    store::outcome::OUTCOMES.join(", ")
+                ),
+            )
+        })?);
+    }
+    filter.descending = parse_order(query.order.as_deref())?;
     filter.resource_id = query.resource_id;
     if let Some(from) = &query.from {
         filter.from_ms = Some(parse_query_time("from", from, &app)?);
@@ -250,8 +279,80 @@ pub(crate) async fn list_schedules(
         filter.to_ms = Some(parse_query_time("to", to, &app)?);
     }
     filter.cursor = query.cursor;
-    let (items, next_cursor) = app.store.list(&filter).await?;
-    Ok(Json(json!({"items": items, "next_cursor": next_cursor})))
+    let page = app.store.list(&filter).await?;
+    Ok(Json(page_json(page)))
+}
+
+fn page_json(page: store::Page) -> Value {
+    json!({"items": page.items, "next_cursor": page.next_cursor, "total": page.total})
+}
+
+/// `order=asc|desc`: whether newest comes first.
+pub(crate) fn parse_order(order: Option<&str>) -> Result<bool, ApiError> {
+    match order {
+        None | Some("asc") => Ok(false),
+        Some("desc") => Ok(true),
+        Some(other) => Err(ApiError::bad_request(
+            "invalid_query",
+            format!("order `{other}` is not one of asc, desc"),
+        )),
+    }
+}
+
+/// The filters of `GET /failures`.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct FailureQuery {
+    /// Only this kind of failure: `birth_failed`, `death_failed` or `invalidated`.
+    #[param(value_type = Option<super::views::LifeOutcome>)]
+    outcome: Option<String>,
+    /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the page before.
+    cursor: Option<String>,
+}
+
+/// Lists the Lives that failed, most recently finished first: a birth that failed for
+/// good (`birth_failed`), a death that failed for good (`death_failed`), a birth missed
+/// by more than birth_delay_limit_time (`invalidated`), each with its `outcome_reason`.
+/// They are kept as long as finished Lives are (schedule_history_duration_days).
+#[utoipa::path(
+    get,
+    path = "/failures",
+    tag = "schedules",
+    params(FailureQuery),
+    responses(
+        (status = 200, description = "A page of failed Lives.", body = FailurePage),
+        (status = 400, description = "A filter that does not parse (`invalid_query`), or a cursor this listing did not give (`invalid_cursor`).", body = ErrorBody,
+            example = json!({"error": {"code": "invalid_query", "message": "outcome `cancelled` is not one of birth_failed, death_failed, invalidated"}})),
+    )
+)]
+pub(crate) async fn list_failures(
+    State(app): State<Shared>,
+    Query(query): Query<FailureQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = super::extractors::page_limit(query.limit)?;
+    let outcome = match query.outcome {
+        None => None,
+        Some(word) => match word.parse::<store::outcome::Outcome>() {
+            Ok(o) if o.is_failure() => Some(o),
+            _ => {
+                return Err(ApiError::bad_request(
+                    "invalid_query",
+                    format!(
+                        "outcome `{word}` is not one of birth_failed, death_failed, invalidated"
+                    ),
+                ))
+            }
+        },
+    };
+    let page = app
+        .store
+        .failures(outcome, limit, query.cursor.as_deref())
+        .await?;
+    Ok(Json(page_json(page)))
 }
 
 /// A Life: its Plans (state, attempts, last error, next attempt) and its recent history.

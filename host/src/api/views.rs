@@ -32,6 +32,21 @@ pub(crate) enum LifeState {
     Invalidated,
 }
 
+/// What a finished Life came to, telling apart what one state can mean: `succeeded`
+/// (Dead, its last action done), `cancelled` (Stillbirth: cancelled before its birth),
+/// `birth_failed` (Stillbirth: its birth failed for good), `death_failed` (Dead: its
+/// death failed for good), `invalidated` (Invalidated: its birth was missed by more than
+/// birth_delay_limit_time).
+#[derive(serde::Serialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum LifeOutcome {
+    Succeeded,
+    Cancelled,
+    BirthFailed,
+    DeathFailed,
+    Invalidated,
+}
+
 /// A Plan's state: `Standby` (waiting), `Preset` (claimed by a host, due soon),
 /// `Running`, then `Done`, `Failed`, `Invalidated` or `Cancelled`.
 #[derive(serde::Serialize, ToSchema)]
@@ -204,6 +219,11 @@ pub(crate) struct LifeSummary {
     death_time_ms: Option<i64>,
     created_at: Option<String>,
     updated_at_ms: Option<i64>,
+    /// What it came to, once finished; null while it is not.
+    outcome: Option<LifeOutcome>,
+    /// Why it failed or was invalidated: the failed action's last error.
+    outcome_reason: Option<String>,
+    finished_at: Option<String>,
     finished_at_ms: Option<i64>,
     cancel_requested: Option<bool>,
     /// The Plan whose outcome this callback Life reports.
@@ -271,6 +291,19 @@ pub(crate) struct LifePage {
     items: Vec<LifeSummary>,
     /// Give it as `cursor` for the next page; null on the last.
     next_cursor: Option<String>,
+    /// How many Lives the filters match in all, exact; null where that is not known
+    /// without reading them (a time range, an outcome, or a state with a resource).
+    total: Option<u64>,
+}
+
+/// `GET /failures`: a page of the Lives that failed, most recently finished first.
+#[derive(serde::Serialize, ToSchema)]
+pub(crate) struct FailurePage {
+    items: Vec<LifeSummary>,
+    /// Give it as `cursor` for the next page; null on the last.
+    next_cursor: Option<String>,
+    /// How many failed Lives are kept in all (without an `outcome` filter; else null).
+    total: Option<u64>,
 }
 
 /// `DELETE /schedules/{life_uuid}`.

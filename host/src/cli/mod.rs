@@ -90,8 +90,15 @@ pub enum ClientCommand {
     Ls {
         #[arg(long)]
         state: Option<String>,
+        /// Only finished Lives that came to this: succeeded, cancelled, birth_failed,
+        /// death_failed, invalidated.
+        #[arg(long)]
+        outcome: Option<String>,
         #[arg(long)]
         resource_id: Option<String>,
+        /// The latest birth first.
+        #[arg(long)]
+        desc: bool,
         /// Lives born at or after this time.
         #[arg(long)]
         from: Option<String>,
@@ -109,6 +116,21 @@ pub enum ClientCommand {
         /// Same as `--output json`.
         #[arg(long, hide = true)]
         json: bool,
+    },
+    /// The Lives that failed (a birth or death failed for good, or a birth invalidated),
+    /// the most recently finished first, with why.
+    Failures {
+        /// Only birth_failed, death_failed or invalidated.
+        #[arg(long)]
+        outcome: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        /// Start after this cursor (the `next_cursor` of the page before).
+        #[arg(long)]
+        cursor: Option<String>,
+        /// Follow next_cursor until every failed Life is listed.
+        #[arg(long)]
+        all: bool,
     },
     /// Show one Life with its Plans and history.
     Show { life_uuid: String },
@@ -507,7 +529,9 @@ pub async fn run(target: Target, command: ClientCommand) -> anyhow::Result<()> {
         }
         ClientCommand::Ls {
             state,
+            outcome,
             resource_id,
+            desc,
             from,
             to,
             limit,
@@ -517,12 +541,23 @@ pub async fn run(target: Target, command: ClientCommand) -> anyhow::Result<()> {
         } => {
             let filters = [
                 ("state", state),
+                ("outcome", outcome),
                 ("resource_id", resource_id),
                 ("from", from),
                 ("to", to),
+                ("order", desc.then(|| "desc".to_string())),
                 ("limit", Some(limit.to_string())),
             ];
-            list_lives(&api, &filters, cursor, all, json_if(json)).await?
+            list_lives(&api, "/schedules", &filters, cursor, all, json_if(json)).await?
+        }
+        ClientCommand::Failures {
+            outcome,
+            limit,
+            cursor,
+            all,
+        } => {
+            let filters = [("outcome", outcome), ("limit", Some(limit.to_string()))];
+            list_lives(&api, "/failures", &filters, cursor, all, output).await?
         }
         ClientCommand::Plugins { command } => plugins(&api, command, output).await?,
         ClientCommand::Show { life_uuid } => {
@@ -548,48 +583,56 @@ pub async fn run(target: Target, command: ClientCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `kairos ls`: pages of Lives, each printed as it arrives (so `--all` over a million
-/// Lives streams), from `cursor`.
+/// `kairos ls` and `kairos failures`: pages of Lives from `path`, each printed as it
+/// arrives (so `--all` over a million Lives streams), from `cursor`.
 async fn list_lives(
     api: &Api,
+    path: &str,
     filters: &[(&str, Option<String>)],
     mut cursor: Option<String>,
     all: bool,
     output: Output,
 ) -> anyhow::Result<()> {
-    let row = |cells: [&str; 6]| {
-        format!(
-            "{:<34} {:<6} {:<11} {:<25} {:<25} {}",
-            cells[0], cells[1], cells[2], cells[3], cells[4], cells[5]
-        )
+    let failures = path == "/failures";
+    // Each column's field and heading; the last one is not padded.
+    let columns: &[(&str, &str, usize)] = if failures {
+        &[
+            ("life_uuid", "LIFE", 34),
+            ("schedule_type", "TYPE", 6),
+            ("outcome", "OUTCOME", 13),
+            ("finished_at", "FINISHED", 25),
+            ("outcome_reason", "WHY", 0),
+        ]
+    } else {
+        &[
+            ("life_uuid", "LIFE", 34),
+            ("schedule_type", "TYPE", 6),
+            ("state", "STATE", 11),
+            ("outcome", "OUTCOME", 13),
+            ("birth_time", "BIRTH", 25),
+            ("death_time", "DEATH", 25),
+            ("resource_id", "RESOURCE", 0),
+        ]
+    };
+    let row = |cell: &dyn Fn(&str, &str) -> String| {
+        let cells: Vec<String> = columns
+            .iter()
+            .map(|(field, heading, width)| format!("{:<width$}", cell(field, heading)))
+            .collect();
+        cells.join(" ").trim_end().to_string()
     };
     if output == Output::Table {
-        println!(
-            "{}",
-            row(["LIFE", "TYPE", "STATE", "BIRTH", "DEATH", "RESOURCE"])
-        );
+        println!("{}", row(&|_, heading| heading.to_string()));
     }
     loop {
         let mut pairs = filters.to_vec();
         pairs.push(("cursor", cursor.clone()));
-        let page = api.get(&format!("/schedules{}", query(&pairs))).await?;
+        let page = api.get(&format!("{path}{}", query(&pairs))).await?;
         if output == Output::Json {
             print_json(&page);
         } else {
             for life in page["items"].as_array().into_iter().flatten() {
-                let cell = |k: &str| text(&life[k]);
-                println!(
-                    "{}",
-                    row([
-                        &cell("life_uuid"),
-                        &cell("schedule_type"),
-                        &cell("state"),
-                        &cell("birth_time"),
-                        &cell("death_time"),
-                        &cell("resource_id"),
-                    ])
-                    .trim_end()
-                );
+                println!("{}", row(&|field, _| text(&life[field])));
             }
         }
         match page["next_cursor"].as_str() {

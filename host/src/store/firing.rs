@@ -13,6 +13,7 @@ use std::sync::Arc;
 use serde_json::{json, Value};
 
 use super::lifecycle::{self, Ended};
+use super::outcome::Outcome;
 use super::record::{LifeRecord, RunEntry};
 use super::Store;
 use crate::model::{PlanKind, RunOpts};
@@ -489,7 +490,11 @@ impl Store {
                 .arg(due_ms)
                 .arg(change.order_leave.join(" "))
                 .arg(change.record.resource_id.as_deref().unwrap_or(""))
-                .arg(if change.finished { "1" } else { "0" })
+                .arg(match (change.finished, Outcome::of(&change.record)) {
+                    (true, Some((o, _))) if o.is_failure() => "F",
+                    (true, _) => "1",
+                    _ => "0",
+                })
                 .arg(cb_uuid)
                 .arg(cb_record)
                 .arg(cb_plugins)

@@ -1,19 +1,13 @@
-//! What the API shows of Lives (layout 4): the detail view and the listing, rendered from
-//! each Life's record as layout 3's hash was (`LifeRecord::hashes`), so both layouts read
-//! alike.
-//!
-//! Listing goes by birth time across every shard: each shard's `lives` tree gives its
-//! Lives in (birth, id) order (`scripts/lives_page.lua`), and the pages of all shards are
-//! merged, each member `{birth_ms:013}:{uuid}` an exact cursor in the one order of them
-//! all.
+//! What the API shows of Lives (layout 4): the detail view and the summary a listing
+//! shows (`life_list.rs`), rendered from each Life's record as layout 3's hash was
+//! (`LifeRecord::hashes`), so both layouts read alike.
 
 use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
-use super::lives::ListFilter;
 use super::record::{Inflight, LifeRecord};
-use super::{lives_member, rfc3339, Store};
+use super::{rfc3339, Store};
 use crate::error::ApiError;
 use crate::model::{NewLife, PlanKind};
 
@@ -125,166 +119,6 @@ impl Store {
             .collect()
     }
 
-    /// Lists Lives by birth time with filters; returns the page and the next cursor.
-    ///
-    /// The cursor is the last member returned (`{birth_ms:013}:{uuid}`), an exact
-    /// position in the one order of every shard's Lives together: each pass reads a few
-    /// Lives past it from every shard and merges them, keeping only those below the
-    /// first shard's horizon (the last of a shard that had more), so that nothing is ever
-    /// skipped or repeated.
-    pub async fn list(
-        &self,
-        filter: &ListFilter,
-    ) -> Result<(Vec<Value>, Option<String>), ApiError> {
-        let mut from: (i64, String) = match (&filter.cursor, filter.from_ms) {
-            (Some(cursor), _) => parse_member(cursor).ok_or_else(|| {
-                ApiError::bad_request("invalid_cursor", "the cursor is not one this listing gave")
-            })?,
-            (None, Some(from)) => (from.max(0), String::new()),
-            (None, None) => (0, String::new()),
-        };
-        let to = filter.to_ms;
-        // With a resource filter the candidates come from that resource's index, in its
-        // one shard, which is small.
-        let resource: Option<(u32, Vec<(i64, String)>)> = match &filter.resource_id {
-            Some(rid) => {
-                let shard = self.placement.resource(rid);
-                let items: Vec<(String, i64)> = redis::cmd("ZRANGE")
-                    .arg(self.shard(shard).resource(rid))
-                    .arg(0)
-                    .arg(-1)
-                    .arg("WITHSCORES")
-                    .query_async(&mut self.conn())
-                    .await?;
-                let mut members: Vec<(i64, String)> =
-                    items.into_iter().map(|(id, ms)| (ms, id)).collect();
-                members.sort();
-                Some((shard, members))
-            }
-            None => None,
-        };
-        let shards: Vec<u32> = match &resource {
-            Some((shard, _)) => vec![*shard],
-            None => (0..self.shard_count()).collect(),
-        };
-        let want = filter.limit.max(1);
-        // Lives read per shard and pass: the page spread over the shards, with room.
-        let per_shard = (2 * want / shards.len() + 4).min(1000);
-        let max_scanned = want * 20;
-        let mut scanned = 0usize;
-        let mut page = Vec::new();
-        let mut last: Option<(i64, String)> = None;
-        let mut exhausted = false;
-
-        while page.len() < filter.limit && scanned < max_scanned {
-            let (mut members, mut complete) = match &resource {
-                Some((shard, all)) => {
-                    let batch: Vec<(u32, i64, String)> = all
-                        .iter()
-                        .filter(|m| **m > from && to.is_none_or(|t| m.0 <= t))
-                        .take(per_shard.max(want))
-                        .map(|(ms, id)| (*shard, *ms, id.clone()))
-                        .collect();
-                    let complete = batch.len() < per_shard.max(want);
-                    (batch, complete)
-                }
-                None => self.merge_lives(&shards, &from, to, per_shard).await?,
-            };
-            if members.is_empty() {
-                exhausted = true;
-                break;
-            }
-            // Without a state filter every Life read fills the page: read only as many as
-            // it still lacks (a pass may merge a few hundred ids), and go on from there.
-            let lacking = filter.limit - page.len();
-            if filter.state.is_none() && members.len() > lacking {
-                members.truncate(lacking);
-                complete = false;
-            }
-            let lives = self
-                .summaries_by_shard(
-                    members
-                        .iter()
-                        .map(|(shard, _, uuid)| (*shard, uuid.clone()))
-                        .collect(),
-                )
-                .await?;
-            let mut full = false;
-            for ((_, birth_ms, uuid), life) in members.into_iter().zip(lives) {
-                scanned += 1;
-                from = (birth_ms, uuid.clone());
-                last = Some((birth_ms, uuid.clone()));
-                let Some(life) = life else { continue };
-                if let Some(state) = &filter.state {
-                    if life.get("state") != Some(state) {
-                        continue;
-                    }
-                }
-                page.push(Value::Object(life_summary(&uuid, &life, self.timezone)));
-                if page.len() == filter.limit {
-                    full = true;
-                    break;
-                }
-            }
-            if complete && !full {
-                exhausted = true;
-                break;
-            }
-        }
-        let next_cursor = if exhausted {
-            None
-        } else {
-            last.map(|(ms, uuid)| lives_member(ms, &uuid))
-        };
-        Ok((page, next_cursor))
-    }
-
-    /// The next Lives after `from` (exclusive; an empty id: everything at its time) up
-    /// to `to` from every shard's `lives` tree, merged in (birth, id) order, and whether
-    /// that was all.
-    async fn merge_lives(
-        &self,
-        shards: &[u32],
-        from: &(i64, String),
-        to: Option<i64>,
-        per_shard: usize,
-    ) -> Result<(Vec<(u32, i64, String)>, bool), ApiError> {
-        let reads = shards.iter().map(|&shard| {
-            let mut conn = self.conn();
-            let k = self.shard(shard);
-            let script = &self.scripts.lives_page;
-            async move {
-                let items: Vec<(String, i64)> = script
-                    .key(k.lives())
-                    .arg(&k.prefix)
-                    .arg(from.0)
-                    .arg(&from.1)
-                    .arg(to.map_or_else(|| "+inf".to_string(), |t| t.to_string()))
-                    .arg(per_shard)
-                    .invoke_async(&mut conn)
-                    .await?;
-                let members: Vec<(i64, String)> =
-                    items.into_iter().map(|(id, ms)| (ms, id)).collect();
-                Ok::<_, redis::RedisError>((shard, members))
-            }
-        });
-        let results = futures_util::future::try_join_all(reads).await?;
-        // A shard that returned a full batch may have more after its last member: only
-        // what sorts before the smallest such last member is known to be complete.
-        let horizon: Option<(i64, String)> = results
-            .iter()
-            .filter(|(_, m)| m.len() == per_shard)
-            .filter_map(|(_, m)| m.last().cloned())
-            .min();
-        let mut merged: Vec<(u32, i64, String)> = results
-            .into_iter()
-            .flat_map(|(shard, members)| members.into_iter().map(move |(ms, id)| (shard, ms, id)))
-            .filter(|(_, ms, id)| horizon.as_ref().is_none_or(|h| (*ms, id.clone()) <= *h))
-            .collect();
-        merged.sort_by(|a, b| (a.1, &a.2).cmp(&(b.1, &b.2)));
-        Ok((merged, horizon.is_none()))
-    }
-
     /// The Lives' fields as layout 3's hash held them (None: gone), one script call per
     /// shard (`scripts/records_get.lua`), all shards at once; in the order asked.
     pub(crate) async fn summaries_by_shard(
@@ -328,16 +162,10 @@ impl Store {
     }
 }
 
-/// A listing cursor (`{birth_ms:013}:{uuid}`) read back.
-fn parse_member(member: &str) -> Option<(i64, String)> {
-    let (ms, uuid) = member.split_once(':')?;
-    Some((ms.parse().ok()?, uuid.to_string()))
-}
-
 /// The fields of a Life common to the list and the detail view.
 /// What the API shows of a Life, from its hash; times are kept in ms and rendered here
 /// in `tz` (hashes written before 0.2 also kept an RFC 3339 `created_at`).
-fn life_summary(uuid: &str, life: &Hash, tz: chrono_tz::Tz) -> Map<String, Value> {
+pub(super) fn life_summary(uuid: &str, life: &Hash, tz: chrono_tz::Tz) -> Map<String, Value> {
     let mut out = Map::new();
     let text = |k: &str| {
         life.get(k)
@@ -372,7 +200,13 @@ fn life_summary(uuid: &str, life: &Hash, tz: chrono_tz::Tz) -> Map<String, Value
     out.insert("created_at".into(), created);
     out.insert("updated_at_ms".into(), num("updated_at_ms"));
     if life.contains_key("finished_at_ms") {
+        out.insert("finished_at".into(), time("finished_at_ms"));
         out.insert("finished_at_ms".into(), num("finished_at_ms"));
+    }
+    // What a finished Life came to (store::outcome); null while it is unfinished.
+    out.insert("outcome".into(), text("outcome"));
+    if life.contains_key("outcome_reason") {
+        out.insert("outcome_reason".into(), text("outcome_reason"));
     }
     if life.get("cancel_requested").map(String::as_str) == Some("1") {
         out.insert("cancel_requested".into(), Value::Bool(true));
@@ -404,19 +238,4 @@ pub fn booked_view(life: &NewLife, tz: chrono_tz::Tz) -> Value {
         "death_time": life.death_at_ms.map(|m| rfc3339(m, tz)),
         "death_time_ms": life.death_at_ms,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cursors_read_back_as_a_time_and_an_id() {
-        assert_eq!(
-            parse_member(&lives_member(1_765_811_100_000, "aa")),
-            Some((1_765_811_100_000, "aa".to_string()))
-        );
-        assert_eq!(parse_member("0000000000999:zz"), Some((999, "zz".into())));
-        assert_eq!(parse_member("nonsense"), None);
-    }
 }

@@ -14,17 +14,6 @@ use super::{IdemBegin, Store};
 use crate::error::ApiError;
 use crate::model::{Action, NewLife};
 
-/// Filters of `GET /schedules`.
-#[derive(Debug, Clone, Default)]
-pub struct ListFilter {
-    pub state: Option<String>,
-    pub resource_id: Option<String>,
-    pub from_ms: Option<i64>,
-    pub to_ms: Option<i64>,
-    pub limit: usize,
-    pub cursor: Option<String>,
-}
-
 /// A pointer older than this whose Life is not in the shard it names is left over from a
 /// booking that did not complete (its host died between the pointer and the Life), and
 /// may be replaced. A booking in flight writes both within far less.

@@ -279,10 +279,11 @@ impl Store {
             Some(f) => args.extend([
                 f.record.to_json(),
                 f.record.birth_ms.to_string(),
-                f.record
-                    .finished_ms
-                    .map(|ms| ms.to_string())
-                    .unwrap_or_default(),
+                match (f.record.finished_ms, super::outcome::Outcome::of(&f.record)) {
+                    (Some(ms), Some((o, _))) if o.is_failure() => format!("{ms}|F"),
+                    (Some(ms), _) => ms.to_string(),
+                    (None, _) => String::new(),
+                },
             ]),
             None => args.extend([String::new(), "0".into(), String::new()]),
         }

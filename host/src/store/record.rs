@@ -383,6 +383,12 @@ impl LifeRecord {
                 put(&mut life, "debounced", self.debounced.to_string());
             }
         }
+        if let Some((outcome, reason)) = super::outcome::Outcome::of(self) {
+            put(&mut life, "outcome", outcome.as_str().into());
+            if let Some(reason) = reason {
+                put(&mut life, "outcome_reason", reason);
+            }
+        }
         for run in &self.runs {
             put(
                 &mut life,

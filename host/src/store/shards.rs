@@ -242,6 +242,10 @@ impl ShardKeys {
     pub fn finished(&self) -> String {
         self.key(format_args!("finished"))
     }
+    /// Lives that finished as a failure (`store::outcome`), score = finish ms.
+    pub fn failed(&self) -> String {
+        self.key(format_args!("failed"))
+    }
     pub fn claim_seq(&self) -> String {
         self.key(format_args!("claim_seq"))
     }

@@ -115,6 +115,17 @@ impl Store {
         Ok((lives, timers))
     }
 
+    /// A shard's census: Lives per state (and `v`), counted afresh first when it is not
+    /// marked yet.
+    pub(crate) async fn census_of(&self, shard: u32) -> redis::RedisResult<HashMap<String, i64>> {
+        let census: HashMap<String, i64> = self.conn().hgetall(self.shard(shard).census()).await?;
+        if census.contains_key("v") {
+            Ok(census)
+        } else {
+            self.census_rebuild(shard).await
+        }
+    }
+
     /// Counts a shard's Lives per state afresh when its census is not marked yet (a
     /// keyspace written before it), and answers the census.
     async fn census_rebuild(&self, shard: u32) -> redis::RedisResult<HashMap<String, i64>> {

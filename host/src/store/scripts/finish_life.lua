@@ -15,7 +15,8 @@
 --       per run 16 values: plan_id, claim, expect ('' = the record as claimed), the new
 --       record, census from and to ('' = none), a Plan to enter the due tree and when
 --       ('' = none), the Plans that leave the resource's order set (space separated),
---       resource_id, finished ('1': onto the finished list at now), callback Life id, its
+--       resource_id, finished ('1': onto the finished list at now; 'F': and a failure, into
+--       the `failed` index too), callback Life id, its
 --       record and its plugins (space separated), the run's record for the runs stream,
 --       its outcome word
 -- Returns per run: 'ok' | 'stale' | 'lost' (the Plan is not this host's run any more)
@@ -32,7 +33,7 @@ if n == 0 then return {} end
 local inflight = redis.call('HMGET', KEYS[5], unpack(plans))
 local touched = redis.call('SMISMEMBER', PREFIX .. 'touched', unpack(uuids))
 batch_begin()
-local out, done, finished = {}, {}, {}
+local out, done, finished, failed = {}, {}, {}, {}
 for i = 0, n - 1 do
   local b = 6 + i * K
   local plan_id, claim, expect, rec = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
@@ -71,7 +72,12 @@ for i = 0, n - 1 do
       for id in string.gmatch(ARGV[b + 8], '%S+') do ids[#ids + 1] = id end
       redis.call('ZREM', order_key(ARGV[b + 9]), unpack(ids))
     end
-    if ARGV[b + 10] == '1' then finished[#finished + 1] = finished_entry(now_ms, uuid) end
+    local fin = ARGV[b + 10]
+    if fin == '1' or fin == 'F' then finished[#finished + 1] = finished_entry(now_ms, uuid) end
+    if fin == 'F' then
+      failed[#failed + 1] = now_ms
+      failed[#failed + 1] = uuid
+    end
     if ARGV[b + 11] ~= '' then
       book_callback(KEYS[1], KEYS[2], ARGV[b + 11], ARGV[b + 12], ARGV[b + 13], now_ms,
         notify_before)
@@ -86,5 +92,6 @@ for i = 0, n - 1 do
 end
 if #done > 0 then redis.call('HDEL', KEYS[5], unpack(done)) end
 if #finished > 0 then redis.call('RPUSH', KEYS[3], unpack(finished)) end
+if #failed > 0 then redis.call('ZADD', PREFIX .. 'failed', unpack(failed)) end
 batch_end()
 return out

@@ -13,7 +13,8 @@
 --   more is left.
 -- KEYS: 1 the shard's `fold4` marker
 -- ARGV: 1 prefix, 2 mode; for 'life': 3 uuid, 4 record ('' = none: the hash was
---   unreadable, only its entries go), 5 birth ms, 6 finish ms ('' = unfinished), 7 the
+--   unreadable, only its entries go), 5 birth ms, 6 finish ms ('' = unfinished; `{ms}|F`:
+--   finished as a failure, into the `failed` index too), 7 the
 --   Life's member of `lives3`, then plan id and due ms pairs of Plans handed back;
 --   for 'end': 3 batch
 local mode = ARGV[2]
@@ -35,7 +36,11 @@ elseif mode == 'life' then
   if ARGV[4] ~= '' and not get_record(uuid) then
     put_record(uuid, ARGV[4])
     tree_add(PREFIX .. 'lives', ARGV[5], uuid)
-    if ARGV[6] ~= '' then redis.call('RPUSH', PREFIX .. 'finished', finished_entry(ARGV[6], uuid)) end
+    local fin_ms, failed = string.match(ARGV[6], '^(%d+)(|?F?)$')
+    if fin_ms then
+      redis.call('RPUSH', PREFIX .. 'finished', finished_entry(fin_ms, uuid))
+      if failed == '|F' then redis.call('ZADD', PREFIX .. 'failed', fin_ms, uuid) end
+    end
     for _, id in ipairs(plans) do
       local score = redis.call('ZSCORE', due3, id)
       if score then tree_add(PREFIX .. 'due', score, id) end

@@ -48,7 +48,10 @@ for _, o in ipairs(ops) do
   end
 end
 if ARGV[4] == '' then
-  if current ~= '' then del_record(uuid) end
+  if current ~= '' then
+    del_record(uuid)
+    redis.call('ZREM', PREFIX .. 'failed', uuid)
+  end
 else
   put_record(uuid, ARGV[4])
 end

@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 -- sweep: deletes Lives finished before CUTOFF (their Plans and history are in their
--- record) with their index entries, from the head of the `finished` list, and trims the
+-- record) with their index entries (the `failed` index too), from the head of the `finished` list, and trims the
 -- runs stream to the same retention. The list is in finishing order as far as the
 -- hosts' clocks agree: the sweep stops at the first entry not old enough, so that it
 -- never deletes a Life early.
@@ -23,6 +23,7 @@ for _, entry in ipairs(entries) do
       redis.call('ZREM', order_key(h.resource_id), uuid .. ':birth', uuid .. ':death')
     end
     del_record(uuid)
+    redis.call('ZREM', PREFIX .. 'failed', uuid)
   end
   ids[#ids + 1] = uuid
 end
