@@ -77,6 +77,16 @@ const moved = await client.PATCH("/schedules/{life_uuid}", {
 if (!moved.data || moved.data.birth_time === shown.data.birth_time) fail("patch", moved.data ?? moved.error);
 const cancelled = await client.DELETE("/schedules/{life_uuid}", { params: { path: { life_uuid: "ts-point-0" } } });
 if (cancelled.data?.state !== "Stillbirth") fail("cancel", cancelled.data ?? cancelled.error);
+// The cancelled Life's outcome, filtered on, newest first; and the failures list.
+const gone = await client.GET("/schedules", {
+  params: { query: { outcome: "cancelled", order: "desc", limit: 10 } },
+});
+const goneLife: Schemas["LifeSummary"] | undefined = gone.data?.items.find((l) => l.life_uuid === "ts-point-0");
+if (goneLife?.outcome !== "cancelled") fail("filter by outcome", gone.data ?? gone.error);
+const failures = await client.GET("/failures", { params: { query: { outcome: "birth_failed", limit: 5 } } });
+if (!failures.data || failures.data.total !== null || failures.data.items.length !== 0) {
+  fail("failures", failures.data ?? failures.error);
+}
 const missing = await client.GET("/schedules/{life_uuid}", { params: { path: { life_uuid: "no-such-life" } } });
 if (missing.response.status !== 404 || missing.error?.error.code !== "not_found") fail("a 404", missing.error);
 

@@ -25,6 +25,7 @@ from kairos_client.api.schedules import (
     cancel_schedule,
     create_schedule,
     create_schedules_batch,
+    list_failures,
     list_schedules,
     patch_schedule,
     show_schedule,
@@ -40,10 +41,12 @@ from kairos_client.models import (
     DeferBody,
     Deferred,
     ErrorBody,
+    FailurePage,
     LeaseAnswer,
     LeaseBody,
     LeaseChanged,
     Leased,
+    LifeOutcome,
     LifePage,
     LifeState,
     LifeView,
@@ -52,6 +55,7 @@ from kairos_client.models import (
     PluginView,
     QueueBody,
     QueueView,
+    SortOrder,
     TaskBody,
     TaskList,
     TasksAdded,
@@ -124,6 +128,17 @@ def main() -> None:
     assert moved.birth_time is not None and moved.birth_time != life.birth_time, moved
     cancelled = expect(Cancelled, cancel_schedule.sync("py-point-0", client=client), "cancel")
     assert cancelled.state == "Stillbirth", cancelled
+    # The cancelled Life's outcome, filtered on, newest first; and the failures list.
+    gone = expect(
+        LifePage,
+        list_schedules.sync(client=client, outcome=LifeOutcome.CANCELLED, order=SortOrder.DESC),
+        "filter by outcome",
+    )
+    assert any(
+        life.life_uuid == "py-point-0" and life.outcome == LifeOutcome.CANCELLED for life in gone.items
+    ), gone
+    failures = expect(FailurePage, list_failures.sync(client=client, limit=5), "failures")
+    assert failures.total == 0 and not failures.items, failures
     missing = expect(ErrorBody, show_schedule.sync("no-such-life", client=client), "a 404")
     assert missing.error.code == "not_found", missing
 

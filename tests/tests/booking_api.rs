@@ -493,6 +493,18 @@ async fn tokens_and_scopes() {
         ),
         (403, "forbidden")
     );
+    // Each answer names the scope its token was granted, for clients that show what a
+    // token may not do (the dashboard disables those buttons).
+    for (token, scope) in [("r3ad", "read"), ("b00k", "book"), ("adm1n", "admin")] {
+        let exchange = http_exchange(&host, "/schedules", Some(&format!("Bearer {token}")))
+            .to_ascii_lowercase();
+        assert!(
+            exchange.contains(&format!("\r\nx-kairos-scope: {scope}\r\n")),
+            "{exchange}"
+        );
+    }
+    let refused = http_exchange(&host, "/schedules", None).to_ascii_lowercase();
+    assert!(!refused.contains("x-kairos-scope"), "{refused}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

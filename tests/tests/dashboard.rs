@@ -129,9 +129,16 @@ impl Page {
         let url = format!("{}/ui/{hash}", self.base);
         let current = self.client.current_url().await.unwrap();
         if current.as_str().starts_with(&format!("{}/ui/", self.base)) {
-            // Same document: a hash change renders the page without a reload.
-            self.js(&format!("location.hash = {}; return 0", json!(hash)))
-                .await;
+            // Same document: a hash change renders the page without a reload. The page's
+            // ready mark goes first, so that only the render of this hash sets it again;
+            // going to the hash the page is on changes nothing, so the page is rendered
+            // afresh as a hash change would (else a render from before, such as the one
+            // an act's reload made while a task still ran, would pass for this one).
+            self.js(&format!(
+                "const main = document.querySelector('main'); if (main) delete main.dataset.ready; const same = location.hash === {0}; location.hash = {0}; if (same) window.dispatchEvent(new HashChangeEvent('hashchange')); return 0",
+                json!(hash)
+            ))
+            .await;
         } else {
             self.client.goto(&url).await.unwrap();
         }
@@ -213,6 +220,25 @@ impl Page {
         let field = self.client.find(Locator::Css(css)).await.unwrap();
         field.clear().await.unwrap();
         field.send_keys(text).await.unwrap();
+    }
+
+    /// Picks `value` in the drop-down `css`, as a person's choice would (a change event).
+    async fn select(&self, css: &str, value: &str) {
+        self.until(
+            &format!("the drop-down {css} with {value}"),
+            &format!(
+                "document.querySelector({0}) && [...document.querySelector({0}).options].some((o) => o.value === {1})",
+                json!(css),
+                json!(value)
+            ),
+        )
+        .await;
+        self.js(&format!(
+            "const s = document.querySelector({}); s.value = {}; s.dispatchEvent(new Event('change', {{ bubbles: true }})); return 0",
+            json!(css),
+            json!(value)
+        ))
+        .await;
     }
 
     async fn text(&self, css: &str) -> String {
@@ -408,7 +434,8 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
     .await;
     page.screenshot("overview").await;
 
-    // A read token sees, and is refused an act: the API's code and message are shown.
+    // A read token sees what it may not do: each acting button is disabled and says why
+    // (the answers' X-Kairos-Scope), here and on a queue's and a Life's page.
     page.goto("#/schedules").await;
     page.ready("schedules").await;
     page.until(
@@ -416,8 +443,35 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
         "document.querySelector('tr[data-life=api0booked]')",
     )
     .await;
+    let why = |css: &str| {
+        format!(
+            "(() => {{ const b = document.querySelector({0}); return b && b.disabled && b.title; }})()",
+            json!(css)
+        )
+    };
+    let said = page
+        .until("a disabled Book button", &why("#book button[type=submit]"))
+        .await;
+    assert_eq!(
+        said,
+        json!("This token has the read scope; this needs book.")
+    );
+    page.goto("#/schedules/api0booked").await;
+    page.ready("schedules").await;
+    page.until("a disabled Cancel", &why("#cancel")).await;
+    page.goto("#/queues/mail").await;
+    page.ready("queues").await;
+    let said = page.until("a disabled Purge", &why("#purge")).await;
+    assert!(said.as_str().unwrap().ends_with("needs admin."), "{said}");
+    page.screenshot("read-token").await;
+    // The server refuses all the same: a button enabled by hand gets the API's 403, its
+    // code and message shown.
+    page.goto("#/schedules").await;
+    page.ready("schedules").await;
     page.type_into("#book-id", "ui0booked").await;
     page.type_into("#book-birth", "+30m").await;
+    page.js("const b = document.querySelector('#book button[type=submit]'); b.disabled = false; b.classList.remove('no-scope'); return 0")
+        .await;
     page.click("#book button[type=submit]").await;
     let refused = page.notice("error").await;
     assert!(
@@ -498,7 +552,7 @@ async fn drive(page: &Page, redis: &RedisServer, sink: &Sink, ks: &Keyspace, adm
     page.notice("ok").await;
     page.until(
         "the Life as Stillbirth",
-        "document.querySelector('#life-state .badge') && document.querySelector('#life-state .badge').dataset.state === 'Stillbirth' && document.querySelector('#life-state').innerText.includes('Cancelled or birth failed')",
+        "document.querySelector('#life-state .badge') && document.querySelector('#life-state .badge').dataset.state === 'Stillbirth' && document.querySelector('#life-state').innerText.includes('Cancelled') && document.querySelector('#life-state .badge').dataset.outcome === 'cancelled'",
     )
     .await;
     let deadline = Instant::now() + WAIT;
@@ -763,6 +817,8 @@ async fn see_what_failed(page: &Page, sink: &Sink, admin: &Api) {
         ("#failed-tasks tr[data-task=ft1]", "500"),
         ("#failed-timers tr[data-timer=doomed]", "404"),
         ("#failed-lives tr[data-life=lost]", "404"),
+        ("#failed-lives tr[data-life=lost]", "Birth failed"),
+        ("#failed-lives tr[data-life=lost]", "birth_failed"),
     ] {
         page.until(
             &format!("{row} with {error}"),
@@ -842,6 +898,16 @@ async fn see_what_failed(page: &Page, sink: &Sink, admin: &Api) {
         count.contains(&format!(" of {lives}, ")),
         "{count} vs {lives} Lives"
     );
+    // Filtered on outcome, newest first: the Life whose birth failed, with why.
+    page.select("#filter-outcome", "birth_failed").await;
+    page.select("#filter-order", "desc").await;
+    page.click("#filters button[type=submit]").await;
+    page.until(
+        "the Lives whose birth failed, newest first",
+        "location.hash.includes('outcome=birth_failed') && location.hash.includes('order=desc') && document.querySelector('main').dataset.ready === 'schedules' && document.querySelector('tr[data-life=lost] td:nth-child(4)') && document.querySelector('tr[data-life=lost] td:nth-child(4)').title.includes('404') && document.getElementById('list-count').innerText.includes('newest first')",
+    )
+    .await;
+    page.screenshot("lives-failed-newest-first").await;
     page.type_into("#find-life", "lost").await;
     page.click("#find button[type=submit]").await;
     page.until(

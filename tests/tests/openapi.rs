@@ -80,6 +80,19 @@ fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
     }
 }
 
+fn collect_refs(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::Object(map) => {
+            if let Some(Value::String(r)) = map.get("$ref") {
+                out.push(r.clone());
+            }
+            map.values().for_each(|v| collect_refs(v, out));
+        }
+        Value::Array(items) => items.iter().for_each(|v| collect_refs(v, out)),
+        _ => {}
+    }
+}
+
 fn documented(doc: &Value) -> BTreeMap<String, BTreeSet<String>> {
     doc["paths"]
         .as_object()
@@ -160,6 +173,18 @@ async fn every_route_is_documented_and_every_documented_route_is_served() {
     let admin = Api::new(&host).with_token("adm1n");
     let (status, doc) = admin.get("/openapi.json").await;
     assert_eq!(status, 200);
+    // Every `$ref` names a schema the document holds (a parameter's enum too).
+    let mut refs = Vec::new();
+    collect_refs(&doc, &mut refs);
+    assert!(refs.len() > 50, "{refs:?}");
+    let dangling: Vec<&String> = refs
+        .iter()
+        .filter(|r| {
+            r.strip_prefix("#/components/schemas/")
+                .is_none_or(|name| doc["components"]["schemas"][name].is_null())
+        })
+        .collect();
+    assert!(dangling.is_empty(), "refs to no schema: {dangling:?}");
 
     let expected: BTreeMap<String, BTreeSet<String>> = ROUTES
         .iter()

@@ -141,7 +141,7 @@ pub(crate) async fn authorize(State(app): State<Shared>, request: Request, next:
         response
     };
     if app.config.api_tokens.is_empty() {
-        let response = next.run(request).await;
+        let response = with_scope(next.run(request).await, Scope::Admin);
         return audit("open", response);
     }
     let presented = match bearer_token(request.headers().get(header::AUTHORIZATION)) {
@@ -175,8 +175,22 @@ pub(crate) async fn authorize(State(app): State<Shared>, request: Request, next:
         .into_response();
         return audit(&who, refused);
     }
-    let response = next.run(request).await;
+    let response = with_scope(next.run(request).await, granted.scope);
     audit(&who, response)
+}
+
+/// Names the scope the request was granted (`X-Kairos-Scope: read|book|admin`), so that
+/// a client such as the dashboard can show what this token may not do as disabled.
+fn with_scope(mut response: Response, scope: Scope) -> Response {
+    let name = match scope {
+        Scope::Read => "read",
+        Scope::Book => "book",
+        Scope::Admin => "admin",
+    };
+    response
+        .headers_mut()
+        .insert("x-kairos-scope", header::HeaderValue::from_static(name));
+    response
 }
 
 /// The token of an `Authorization: Bearer <token>` header. The scheme is

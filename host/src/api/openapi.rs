@@ -27,7 +27,7 @@ use crate::error::ErrorBody;
         license(name = "Apache-2.0", identifier = "Apache-2.0"),
     ),
     paths(super::defer::defer_request),
-    components(schemas(ErrorBody)),
+    components(schemas(ErrorBody, super::schedules::SortOrder)),
     security(("bearer" = [])),
     tags(
         (name = "schedules", description = "Lives: point and term bookings."),

@@ -1,14 +1,12 @@
 // The Failures page (#/failures), where the overview's "Failed (1 h)" leads: what failed
 // for good, most recent first, with its error. Queue tasks (every queue's failed list,
 // re-run or delete from here), timers whose last run failed (with that run's error), and
-// Lives of the last day whose birth or death failed. Bounded reads: 50 failed tasks a
+// the Lives that failed (GET /failures), each with why. Bounded reads: 50 failed tasks a
 // queue, 200 timers, 100 Lives.
 
 import {
-  act, api, badge, confirmButton, epochText, fill, h, link, refreshTools, table, when,
+  act, api, confirmButton, epochText, fill, h, lifeBadge, link, refreshTools, table, when,
 } from './lib.js';
-
-const DAY_MS = 86_400_000;
 
 function heading(ctx) {
   return h('div', { class: 'heading' }, h('h1', {}, 'Failures'),
@@ -32,21 +30,14 @@ async function failedTimers() {
     .sort((a, b) => (b.timer.last_run_at_ms || 0) - (a.timer.last_run_at_ms || 0));
 }
 
-/// Stillbirth (birth failed, or cancelled) and Dead (death failed, or done) Lives born in
-/// the last day, each read whole to keep those whose last run failed.
-async function failedLives(now) {
-  const pages = await Promise.all(['Stillbirth', 'Dead'].map((state) =>
-    api('GET', '/schedules', { query: { state, from: now - DAY_MS, to: now, limit: 50 } })));
-  const lives = await Promise.all(pages.flatMap((p) => p.items)
-    .map((l) => api('GET', `/schedules/${encodeURIComponent(l.life_uuid)}`)));
-  return lives.map((life) => ({ life, run: (life.history || []).find((r) => r.outcome === 'failed') }))
-    .filter((f) => f.run)
-    .sort((a, b) => (b.run.started_at_ms || 0) - (a.run.started_at_ms || 0));
+
+/// The latest 100 Lives that failed (GET /failures), most recently finished first.
+async function failedLives() {
+  return api('GET', '/failures', { query: { limit: 100 } });
 }
 
 export async function failures(view, ctx) {
-  const now = Date.now();
-  const [tasks, timers, lives] = await Promise.all([failedTasks(), failedTimers(), failedLives(now)]);
+  const [tasks, timers, lives] = await Promise.all([failedTasks(), failedTimers(), failedLives()]);
   const reload = () => ctx.rerender();
   const taskPath = (t) => `/queues/${encodeURIComponent(t.queue)}/tasks/${encodeURIComponent(t.name)}`;
   const taskRows = tasks.map((t) => h('tr', { dataset: { queue: t.queue, task: t.name } },
@@ -54,18 +45,18 @@ export async function failures(view, ctx) {
     h('td', { class: 'mono' }, t.name), h('td', {}, String(t.attempts ?? '')), h('td', {}, String(t.last_status ?? '')),
     h('td', { class: 'error-text' }, t.last_error || ''),
     h('td', { class: 'actions' },
-      h('button', { type: 'button', dataset: { action: 'run-task' },
+      h('button', { type: 'button', dataset: { action: 'run-task', needs: 'book' },
         onclick: (e) => act(e.target, `Task ${t.name} re-run`, () => api('POST', `${taskPath(t)}/run`), reload) }, 'Re-run'),
       ' ',
-      confirmButton('Delete', 'Delete this task?', (b) => act(b, `Task ${t.name} deleted`, () => api('DELETE', taskPath(t)), reload), { class: 'secondary' }))));
+      confirmButton('Delete', 'Delete this task?', (b) => act(b, `Task ${t.name} deleted`, () => api('DELETE', taskPath(t)), reload), { class: 'secondary', dataset: { needs: 'book' } }))));
   const timerRows = timers.map(({ timer, run }) => h('tr', { dataset: { timer: timer.name } },
     h('td', {}, when(epochText(timer.last_run_at_ms), timer.last_run_at_ms)), h('td', {}, link(timer.name, 'timers', timer.name)),
     h('td', {}, String(run.attempt ?? '')), h('td', {}, String(run.status ?? '')), h('td', { class: 'error-text' }, run.error || ''),
     h('td', {}, timer.next_run ? when(timer.next_run, timer.next_run_ms) : 'inactive')));
-  const lifeRows = lives.map(({ life, run }) => h('tr', { dataset: { life: life.life_uuid } },
-    h('td', {}, when(run.started_at, run.started_at_ms)), h('td', {}, link(life.life_uuid, 'schedules', life.life_uuid)),
-    h('td', {}, badge(life.state)), h('td', {}, run.plan || ''), h('td', {}, String(run.status ?? '')),
-    h('td', { class: 'error-text' }, run.error || '')));
+  const lifeRows = lives.items.map((life) => h('tr', { dataset: { life: life.life_uuid } },
+    h('td', {}, when(life.finished_at, life.finished_at_ms)), h('td', {}, link(life.life_uuid, 'schedules', life.life_uuid)),
+    h('td', {}, lifeBadge(life)), h('td', { class: 'mono' }, life.outcome || ''),
+    h('td', { class: 'error-text' }, life.outcome_reason || '')));
   fill(view,
     heading(ctx),
     h('p', { class: 'muted' }, 'What failed for good (no retry left, or not retryable), most recent first.'),
@@ -74,7 +65,7 @@ export async function failures(view, ctx) {
       h('p', { class: 'muted' }, 'The latest 50 of each queue; a queue\'s page shows its own.')),
     h('section', { class: 'card', id: 'failed-timers' }, h('h2', {}, `Timers whose last run failed (${timers.length})`),
       table(['Last run', 'Timer', 'Attempt', 'Status', 'Error', 'Next run'], timerRows, 'No timer failed its last run.')),
-    h('section', { class: 'card', id: 'failed-lives' }, h('h2', {}, `Lives of the last day (${lives.length})`),
-      table(['Failed at', 'Life', 'State', 'Plan', 'Status', 'Error'], lifeRows, 'No Life born in the last day failed.'),
-      h('p', { class: 'muted' }, 'Births and deaths that failed among the last day\'s first 50 Stillbirth and 50 Dead Lives.')));
+    h('section', { class: 'card', id: 'failed-lives' }, h('h2', {}, `Lives (${lives.total ?? lives.items.length})`),
+      table(['Finished at', 'Life', 'State', 'Outcome', 'Why'], lifeRows, 'No Life failed.'),
+      h('p', { class: 'muted' }, 'The latest 100 Lives whose birth or death failed for good, or whose birth was missed; kept as long as finished Lives are.')));
 }

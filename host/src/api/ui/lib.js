@@ -63,6 +63,8 @@ export async function api(method, path, { body, bytes, query } = {}) {
   } finally {
     clearTimeout(timeout);
   }
+  const scope = res.headers.get('x-kairos-scope');
+  if (scope) granted = scope;
   const json = (res.headers.get('content-type') || '').startsWith('application/json');
   if (!res.ok) {
     let code = `http_${res.status}`;
@@ -110,7 +112,30 @@ export function add(el, ...children) {
 /// Replaces an element's children.
 export function fill(el, ...children) {
   el.replaceChildren();
-  return add(el, ...children);
+  add(el, ...children);
+  applyScope(el);
+  return el;
+}
+
+// ---- what the token may do ----
+
+/// The scope the server granted the token on its last answer (`X-Kairos-Scope`); null
+/// until the first answer.
+let granted = null;
+const RANK = { read: 0, book: 1, admin: 2 };
+
+/// Disables every control under `root` that needs more than the token's scope
+/// (`data-needs="book"|"admin"`), saying why, so that a read token sees what it may not do
+/// instead of a 403 after the click.
+export function applyScope(root) {
+  if (!granted || !(granted in RANK)) return;
+  for (const el of root.querySelectorAll('[data-needs]')) {
+    const needs = el.dataset.needs;
+    if (RANK[granted] >= (RANK[needs] ?? 0)) continue;
+    el.disabled = true;
+    el.classList.add('no-scope');
+    el.title = `This token has the ${granted} scope; this needs ${needs}.`;
+  }
 }
 
 /// A page's Refresh button, and a toggle that refreshes it every 5 s while checked (the
@@ -177,7 +202,7 @@ export async function act(button, what, call, done) {
     notice('error', e instanceof ApiError ? e.toString() : String(e));
     return undefined;
   } finally {
-    if (button && button.isConnected) button.disabled = false;
+    if (button && button.isConnected && !button.classList.contains('no-scope')) button.disabled = false;
   }
 }
 
@@ -247,6 +272,27 @@ export function badge(state, of) {
   const [words, meaning] = (!of && READABLE[s]) || [s, null];
   const el = h('span', { class: `badge ${of ? `${of}-${name}` : name}`, title: meaning, dataset: { state: s } }, words || '—');
   return words === s ? el : [el, ' ', h('small', { class: 'seed muted' }, s)];
+}
+
+/// What a finished Life came to (its `outcome`), in the words a person reads, with what
+/// each means: one state can mean two things (a Stillbirth cancelled or whose birth failed).
+const OUTCOMES = {
+  succeeded: ['Finished', 'its actions ran; kept as history'],
+  cancelled: ['Cancelled', 'cancelled before its birth'],
+  birth_failed: ['Birth failed', 'its birth failed for good'],
+  death_failed: ['Death failed', 'its death failed for good'],
+  invalidated: ['Missed', 'its time passed while no host could run it in time'],
+};
+
+/// A Life's state as a badge, in the words of its outcome once it has one (why in the
+/// tooltip), the seed's state beside.
+export function lifeBadge(life) {
+  const known = OUTCOMES[life.outcome];
+  if (!known) return badge(life.state);
+  const s = String(life.state ?? '');
+  const title = life.outcome_reason ? `${known[1]}: ${life.outcome_reason}` : known[1];
+  const el = h('span', { class: `badge ${s.toLowerCase()} outcome-${life.outcome}`, title, dataset: { state: s, outcome: life.outcome } }, known[0]);
+  return [el, ' ', h('small', { class: 'seed muted' }, s)];
 }
 
 /// A time the operator typed: `+90s`, `+10m`, `+2h`, `+1d` from now (sent as RFC 3339),

@@ -4,11 +4,12 @@
 
 import {
   act, add, api, badge, confirmButton, duration, epochText, facts, fill, h, jsonBlock, lineChart, link,
-  metric, notice, parseJson, parseMetrics, refreshTools, rel, route, table, typedTime, when,
+  lifeBadge, metric, notice, parseJson, parseMetrics, refreshTools, rel, route, table, typedTime, when,
 } from './lib.js';
 import { failures } from './failures.js';
 
 const STATES = ['Inexistent', 'Alive', 'Dead', 'Stillbirth', 'Invalidated'];
+const OUTCOMES = ['succeeded', 'cancelled', 'birth_failed', 'death_failed', 'invalidated'];
 
 function heading(text, ...extra) {
   return h('div', { class: 'heading' }, h('h1', {}, text), h('div', { class: 'tools' }, extra));
@@ -143,32 +144,34 @@ async function schedules(view, ctx) {
   if (ctx.args.length) return life(view, ctx, ctx.args[0]);
   const q = ctx.query;
   const query = {
-    state: q.get('state'), resource_id: q.get('resource_id'), from: q.get('from'), to: q.get('to'),
+    state: q.get('state'), outcome: q.get('outcome'), resource_id: q.get('resource_id'),
+    from: q.get('from'), to: q.get('to'), order: q.get('order'),
     limit: q.get('limit') || 50, cursor: q.get('cursor'),
   };
-  const [page, metricsText] = await Promise.all([
-    api('GET', '/schedules', { query }),
-    api('GET', '/metrics').catch(() => ''),
-  ]);
-  // How many there are: the census every shard keeps (kairos_lives), for the whole list or
-  // one state; a filter on a resource or a time range has no count of its own.
-  const census = parseMetrics(metricsText);
-  const counted = !query.resource_id && !query.from && !query.to && census.some((m) => m.name === 'kairos_lives');
-  const total = counted ? metric(census, 'kairos_lives', query.state ? { state: query.state } : {}) : null;
+  // `total`: how many match in all, where the server knows it without reading them.
+  const page = await api('GET', '/schedules', { query });
+  const total = page.total ?? null;
 
-  const state = h('select', { name: 'state', id: 'filter-state' },
-    h('option', { value: '' }, 'any state'), STATES.map((s) => h('option', { value: s }, s)));
-  state.value = query.state || '';
+  const select = (name, id, any, values) => {
+    const el = h('select', { name, id }, h('option', { value: '' }, any), values.map((v) => h('option', { value: v }, v)));
+    el.value = query[name] || '';
+    return el;
+  };
+  const state = select('state', 'filter-state', 'any state', STATES);
+  const outcome = select('outcome', 'filter-outcome', 'any outcome', OUTCOMES);
+  const order = h('select', { name: 'order', id: 'filter-order' },
+    h('option', { value: '' }, 'oldest birth first'), h('option', { value: 'desc' }, 'newest birth first'));
+  order.value = query.order || '';
   const resource = h('input', { name: 'resource_id', id: 'filter-resource', value: query.resource_id || '', placeholder: 'resource id' });
   const from = h('input', { name: 'from', value: query.from || '', placeholder: 'from (time or epoch ms)' });
   const to = h('input', { name: 'to', value: query.to || '', placeholder: 'to' });
-  const filters = h('form', { class: 'filters', id: 'filters' }, state, resource, from, to,
+  const filters = h('form', { class: 'filters', id: 'filters' }, state, outcome, resource, from, to, order,
     h('button', { type: 'submit' }, 'Filter'), h('a', { href: '#/schedules', class: 'button secondary' }, 'Clear'));
   filters.addEventListener('submit', (e) => {
     e.preventDefault();
     const p = new URLSearchParams();
-    for (const [k, v] of [['state', state.value], ['resource_id', resource.value.trim()],
-      ['from', typedTime(from.value)], ['to', typedTime(to.value)]]) if (v) p.set(k, v);
+    for (const [k, v] of [['state', state.value], ['outcome', outcome.value], ['resource_id', resource.value.trim()],
+      ['from', typedTime(from.value)], ['to', typedTime(to.value)], ['order', order.value]]) if (v) p.set(k, v);
     location.hash = `#/schedules?${p}`;
   });
 
@@ -181,7 +184,8 @@ async function schedules(view, ctx) {
 
   const rows = page.items.map((l) => h('tr', { dataset: { life: l.life_uuid } },
     h('td', { class: 'mono' }, link(l.life_uuid, 'schedules', l.life_uuid)),
-    h('td', {}, l.schedule_type), h('td', {}, badge(l.state)), h('td', {}, l.resource_id || ''),
+    h('td', {}, l.schedule_type), h('td', {}, lifeBadge(l)),
+    h('td', { title: l.outcome_reason || '' }, l.outcome || ''), h('td', {}, l.resource_id || ''),
     h('td', {}, when(l.birth_time, l.birth_time_ms)), h('td', {}, l.death_time ? when(l.death_time, l.death_time_ms) : '')));
   const next = new URLSearchParams(q);
   if (page.next_cursor) next.set('cursor', page.next_cursor);
@@ -191,12 +195,12 @@ async function schedules(view, ctx) {
     heading('Schedules', refreshButton(ctx)),
     filters,
     find,
-    table(['Life', 'Type', 'State', 'Resource', 'Birth', 'Death'], rows, 'No Life matches.'),
+    table(['Life', 'Type', 'State', 'Outcome', 'Resource', 'Birth', 'Death'], rows, 'No Life matches.'),
     h('p', { class: 'pager' },
       q.get('cursor') ? h('a', { href: `#/schedules?${first}`, class: 'button secondary' }, '← First page') : null, ' ',
       page.next_cursor ? h('a', { href: `#/schedules?${next}`, class: 'button secondary', id: 'next-page' }, 'Next page →') : null,
       h('small', { class: 'muted', id: 'list-count' },
-        ` ${page.items.length} shown${total !== null ? ` of ${total.toLocaleString('en')}` : ''}, by birth time`)),
+        ` ${page.items.length} shown${total !== null ? ` of ${total.toLocaleString('en')}` : ''}, by birth time${query.order === 'desc' ? ', newest first' : ''}`)),
     bookForm());
 }
 
@@ -215,7 +219,7 @@ function bookForm() {
       field('Birth time', birth, '+10m, 2030-12-15 15:05:00 (host zone) or RFC 3339'),
       field('Death time (term)', death)),
     h('div', { class: 'grid' }, field('Birth action (JSON)', birthAction), field('Death action (JSON, term)', deathAction)),
-    h('button', { type: 'submit' }, 'Book'),
+    h('button', { type: 'submit', dataset: { needs: 'book' } }, 'Book'),
   ], 'Booked', async () => {
     const body = { schedule_type: type.value, birth_time: typedTime(birth.value), birth: parseJson('the birth action', birthAction.value) };
     if (id.value.trim()) body.life_uuid = id.value.trim();
@@ -233,10 +237,10 @@ async function life(view, ctx, id) {
   const finished = ['Dead', 'Stillbirth', 'Invalidated'].includes(l.state);
   const reload = () => ctx.rerender();
   const cancel = confirmButton('Cancel', l.state === 'Alive' ? 'Run its death now and end it?' : 'Cancel it (nothing runs)?',
-    (b) => act(b, 'Cancelled', () => api('DELETE', `/schedules/${encodeURIComponent(id)}`), reload), { id: 'cancel' });
+    (b) => act(b, 'Cancelled', () => api('DELETE', `/schedules/${encodeURIComponent(id)}`), reload), { id: 'cancel', dataset: { needs: 'book' } });
   const force = confirmButton('Force cancel', 'End it without running anything more?',
     (b) => act(b, 'Force-cancelled', () => api('DELETE', `/schedules/${encodeURIComponent(id)}`, { query: { force: 'true' } }), reload),
-    { id: 'force-cancel', class: 'secondary' });
+    { id: 'force-cancel', class: 'secondary', dataset: { needs: 'book' } });
 
   const birth = h('input', { id: 'patch-birth', placeholder: l.birth_time || '' });
   const death = h('input', { id: 'patch-death', placeholder: l.death_time || '' });
@@ -244,7 +248,7 @@ async function life(view, ctx, id) {
     h('h2', {}, 'Reschedule'),
     h('p', { class: 'muted' }, 'Moves Plans still Standby; validated as a booking. Leave a field empty to keep it.'),
     h('div', { class: 'grid' }, field('Birth time', birth), l.schedule_type === 'term' ? field('Death time', death) : null),
-    h('button', { type: 'submit' }, 'Save'),
+    h('button', { type: 'submit', dataset: { needs: 'book' } }, 'Save'),
   ], 'Rescheduled', () => {
     const body = {};
     if (birth.value.trim()) body.birth_time = typedTime(birth.value);
@@ -266,7 +270,7 @@ async function life(view, ctx, id) {
     heading(`Life ${l.life_uuid}`, refreshButton(ctx), finished ? null : cancel, finished ? null : force),
     h('p', {}, h('a', { href: '#/schedules' }, '← Schedules')),
     h('section', { class: 'card' }, facts([
-      ['State', h('span', { id: 'life-state' }, badge(l.state))],
+      ['State', h('span', { id: 'life-state' }, lifeBadge(l))],
       ['Type', l.schedule_type],
       ['Resource', l.resource_id || '—'],
       ['Birth', when(l.birth_time, l.birth_time_ms)],
@@ -299,12 +303,12 @@ function extras(record) {
 function timerButtons(t, done) {
   const path = `/timers/${encodeURIComponent(t.name)}`;
   return [
-    h('button', { type: 'button', dataset: { action: 'run', timer: t.name },
+    h('button', { type: 'button', dataset: { action: 'run', timer: t.name, needs: 'admin' },
       onclick: (e) => act(e.target, `Timer ${t.name} runs now`, () => api('POST', `${path}/run`), done) }, 'Run now'),
     t.active
-      ? h('button', { type: 'button', class: 'secondary', dataset: { action: 'deactivate', timer: t.name },
+      ? h('button', { type: 'button', class: 'secondary', dataset: { action: 'deactivate', timer: t.name, needs: 'admin' },
         onclick: (e) => act(e.target, `Timer ${t.name} deactivated`, () => api('POST', `${path}/deactivate`), done) }, 'Deactivate')
-      : h('button', { type: 'button', class: 'secondary', dataset: { action: 'activate', timer: t.name },
+      : h('button', { type: 'button', class: 'secondary', dataset: { action: 'activate', timer: t.name, needs: 'admin' },
         onclick: (e) => act(e.target, `Timer ${t.name} activated`, () => api('POST', `${path}/activate`), done) }, 'Activate'),
   ];
 }
@@ -331,7 +335,7 @@ async function timers(view, ctx) {
       h('h2', {}, 'New timer'),
       h('div', { class: 'grid' }, field('Name', name), field('Schedule', schedule), field('Time zone', zone)),
       field('Action (JSON)', action),
-      h('button', { type: 'submit' }, 'Create'),
+      h('button', { type: 'submit', dataset: { needs: 'admin' } }, 'Create'),
     ], 'Timer created', () => {
       const body = { name: name.value.trim(), schedule: schedule.value.trim(), action: parseJson('the action', action.value) };
       if (zone.value.trim()) body.timezone = zone.value.trim();
@@ -357,7 +361,7 @@ async function timer(view, ctx, name) {
     h('div', { class: 'grid' }, field('Schedule', schedule), field('Time zone', zone), field('Priority (1 high – 4 low)', priority),
       field('Retries', retries), field('Next run', nextRun, 'moves the next run only')),
     field('Action (JSON)', action),
-    h('button', { type: 'submit' }, 'Save'),
+    h('button', { type: 'submit', dataset: { needs: 'admin' } }, 'Save'),
   ], `Timer ${name} saved`, () => {
     const body = {};
     if (schedule.value.trim() !== (t.schedule || '')) body.schedule = schedule.value.trim();
@@ -370,7 +374,7 @@ async function timer(view, ctx, name) {
     return api('PATCH', path, { body });
   }, reload);
   const del = confirmButton('Delete', `Delete timer ${name}?`,
-    (b) => act(b, `Timer ${name} deleted`, () => api('DELETE', path), () => { location.hash = '#/timers'; }), { id: 'delete-timer' });
+    (b) => act(b, `Timer ${name} deleted`, () => api('DELETE', path), () => { location.hash = '#/timers'; }), { id: 'delete-timer', dataset: { needs: 'admin' } });
   const runRows = runs.items.map((r) => h('tr', {},
     h('td', {}, when(r.should_run_at, r.should_run_at_ms)), h('td', {}, when(r.started_at, r.started_at_ms)),
     h('td', {}, duration(r.duration_ms)), h('td', {}, r.host || ''), h('td', {}, badge(r.outcome)),
@@ -404,9 +408,9 @@ async function timer(view, ctx, name) {
 function queueButtons(qv, done) {
   const path = `/queues/${encodeURIComponent(qv.name)}`;
   return qv.state === 'paused'
-    ? h('button', { type: 'button', dataset: { action: 'resume', queue: qv.name },
+    ? h('button', { type: 'button', dataset: { action: 'resume', queue: qv.name, needs: 'admin' },
       onclick: (e) => act(e.target, `Queue ${qv.name} resumed`, () => api('POST', `${path}/resume`), done) }, 'Resume')
-    : h('button', { type: 'button', class: 'secondary', dataset: { action: 'pause', queue: qv.name },
+    : h('button', { type: 'button', class: 'secondary', dataset: { action: 'pause', queue: qv.name, needs: 'admin' },
       onclick: (e) => act(e.target, `Queue ${qv.name} paused`, () => api('POST', `${path}/pause`), done) }, 'Pause');
 }
 
@@ -442,10 +446,10 @@ function bulkButtons(path, name, reload) {
   const del = each('deleted', (p) => api('DELETE', p));
   return [
     confirmButton('Re-run all failed', `Run every failed task of ${name} again now?`,
-      (b) => act(b, `Failed tasks of ${name} re-run`, run, reload), { id: 'rerun-all-failed' }),
+      (b) => act(b, `Failed tasks of ${name} re-run`, run, reload), { id: 'rerun-all-failed', dataset: { needs: 'book' } }),
     ' ',
     confirmButton('Delete all failed', `Delete every failed task of ${name}?`,
-      (b) => act(b, `Failed tasks of ${name} deleted`, del, reload), { id: 'delete-all-failed', class: 'secondary' }),
+      (b) => act(b, `Failed tasks of ${name} deleted`, del, reload), { id: 'delete-all-failed', class: 'secondary', dataset: { needs: 'book' } }),
   ];
 }
 
@@ -472,7 +476,7 @@ async function queue(view, ctx, name) {
   ]);
   const reload = () => ctx.rerender();
   const purge = confirmButton('Purge', `Remove every waiting task of ${name}?`,
-    (b) => act(b, `Queue ${name} purged`, () => api('POST', `${path}/purge`), reload), { id: 'purge' });
+    (b) => act(b, `Queue ${name} purged`, () => api('POST', `${path}/purge`), reload), { id: 'purge', dataset: { needs: 'admin' } });
   const taskPath = (t) => `${path}/tasks/${encodeURIComponent(t.name)}`;
   const taskRow = (t, again) => h('tr', { dataset: { task: t.name } },
     h('td', { class: 'mono' }, t.name), h('td', {}, badge(t.state)),
@@ -480,10 +484,10 @@ async function queue(view, ctx, name) {
     h('td', {}, t.attempts ?? ''), h('td', {}, t.last_status ?? ''), h('td', { class: 'error-text' }, t.last_error || ''),
     h('td', {}, t.action ? jsonBlock(t.action, t.action.plugin ? `plugin ${t.action.plugin}` : `${t.action.method || ''} ${t.action.path || t.action.url || ''}`) : ''),
     h('td', { class: 'actions' },
-      qv.mode === 'pull' ? null : h('button', { type: 'button', dataset: { action: 'run-task' },
+      qv.mode === 'pull' ? null : h('button', { type: 'button', dataset: { action: 'run-task', needs: 'book' },
         onclick: (e) => act(e.target, `Task ${t.name} ${again ? 're-run' : 'runs now'}`, () => api('POST', `${taskPath(t)}/run`), reload) }, again ? 'Re-run' : 'Run now'),
       ' ',
-      confirmButton('Delete', 'Delete this task?', (b) => act(b, `Task ${t.name} deleted`, () => api('DELETE', taskPath(t)), reload), { class: 'secondary' })));
+      confirmButton('Delete', 'Delete this task?', (b) => act(b, `Task ${t.name} deleted`, () => api('DELETE', taskPath(t)), reload), { class: 'secondary', dataset: { needs: 'book' } })));
   const r = qv.retry || {};
   fill(view,
     heading(`Queue ${name}`, refreshButton(ctx), queueButtons(qv, reload), purge),
@@ -538,7 +542,7 @@ function uploadForm(fixedName) {
     h('h2', {}, fixedName ? 'Upload a new version' : 'Upload a plugin'),
     h('div', { class: 'grid' }, field('Name', name), field('Component (.wasm)', file), field('Allowed hosts', hosts),
       field('Memory (MiB)', memory), field('Timeout', timeout)),
-    h('button', { type: 'submit' }, 'Upload'),
+    h('button', { type: 'submit', dataset: { needs: 'admin' } }, 'Upload'),
   ], 'Uploaded', async () => {
     const bytes = await file.files[0].arrayBuffer();
     const query = { allowed_hosts: hosts.value.trim() || undefined, memory_mb: memory.value || undefined, timeout: timeout.value.trim() || undefined };
@@ -554,8 +558,8 @@ async function plugin(view, ctx, name) {
     () => api('DELETE', path, { query: force ? { force: 'true' } : undefined }), () => { location.hash = '#/plugins'; });
   fill(view,
     heading(`Plugin ${p.name}`, refreshButton(ctx),
-      confirmButton('Delete', `Delete every version of ${name}?`, del(false), { id: 'delete-plugin' }),
-      confirmButton('Force delete', 'Delete it even though Lives or timers use it?', del(true), { class: 'secondary' })),
+      confirmButton('Delete', `Delete every version of ${name}?`, del(false), { id: 'delete-plugin', dataset: { needs: 'admin' } }),
+      confirmButton('Force delete', 'Delete it even though Lives or timers use it?', del(true), { class: 'secondary', dataset: { needs: 'admin' } })),
     h('p', {}, h('a', { href: '#/plugins' }, '← Plugins')),
     h('section', { class: 'card' }, facts([
       ['Latest', `v${p.version}`],
