@@ -870,6 +870,15 @@ async fn see_what_failed(page: &Page, sink: &Sink, admin: &Api) {
         |q| q["tasks"]["failed"] == 1,
     )
     .await;
+    // The task's own page: its attempts, newest first, each with its answer.
+    page.goto("#/queues/fragile/tasks/ft1").await;
+    page.ready("queues").await;
+    page.until(
+        "the task's three attempts",
+        "document.querySelectorAll('#task-runs tbody tr').length === 3 && [...document.querySelectorAll('#task-runs tbody tr')].every((r) => r.innerText.includes('target answered 500'))",
+    )
+    .await;
+    page.screenshot("task").await;
     page.goto("#/queues/fragile").await;
     page.ready("queues").await;
     page.click("#delete-all-failed").await;
@@ -1147,6 +1156,7 @@ async fn the_page_needs_no_token_and_is_not_in_the_api_document() {
         ("/ui/lib.js", "text/javascript"),
         ("/ui/pages.js", "text/javascript"),
         ("/ui/failures.js", "text/javascript"),
+        ("/ui/queues.js", "text/javascript"),
         ("/ui/style.css", "text/css"),
     ] {
         let (status, headers, _) = anon

@@ -163,6 +163,37 @@ async fn backoff_follows_the_retry_block_and_failed_tasks_can_run_again() {
     assert_eq!(items[0]["state"], "Failed");
     assert_eq!(items[0]["attempts"], 5);
     assert_eq!(items[0]["last_status"], 500);
+    // The task keeps its attempts, newest first, each with its status.
+    let (status, shown) = api.get("/queues/rb/tasks/t1").await;
+    assert_eq!(status, 200, "{shown}");
+    let runs = shown["runs"].as_array().unwrap();
+    let summary: Vec<(i64, i64, &str)> = runs
+        .iter()
+        .map(|r| {
+            (
+                r["attempt"].as_i64().unwrap(),
+                r["status"].as_i64().unwrap(),
+                r["outcome"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (5, 500, "failed"),
+            (4, 500, "retry"),
+            (3, 404, "retry"),
+            (2, 503, "retry"),
+            (1, 500, "retry")
+        ],
+        "{shown:#}"
+    );
+    assert!(runs
+        .iter()
+        .all(|r| r["started_at"].is_string() && r["started_at_ms"].is_i64()));
+    assert_eq!(runs[0], shown["last_run"]);
+    // A list does not carry the history.
+    assert!(items[0].get("runs").is_none(), "{failed:#}");
 
     let (status, reply) = api.post("/queues/rb/tasks/t1/run", &json!({})).await;
     assert_eq!(status, 200, "{reply}");
@@ -794,4 +825,113 @@ async fn task_list_queries_that_do_not_parse_are_400() {
     let (status, reply) = api.get("/queues/default/tasks?state=failed").await;
     assert_eq!(status, 200, "{reply}");
     assert_eq!(reply["items"], json!([]));
+}
+
+/// A queue's lists page either way with a cursor, give their total, and the failed list
+/// newest first reads as the failures came.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_lists_page_either_way_with_totals() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.answer_paths(&[("/fail", 400)]);
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let (status, reply) = api
+        .put("/queues/pg", &json!({"rate": 0, "retry": {"limit": 0}}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    // Seven tasks fail one after another; twelve wait, five of them at one ETA.
+    for i in 0..7 {
+        add(
+            &api,
+            "pg",
+            vec![json!({"name": format!("f{i}"), "action": {"path": "/fail", "method": "POST"}})],
+        )
+        .await;
+        wait_for_failed(&api, "pg", i + 1, Duration::from_secs(10)).await;
+    }
+    let later = now_ms() + 3_600_000;
+    let waiting: Vec<Value> = (0..12)
+        .map(|i| {
+            json!({"name": format!("w{i:02}"), "eta": rfc3339_ms(later + if i < 5 { 0 } else { i * 1000 }),
+                   "action": {"path": "/hook", "method": "POST"}})
+        })
+        .collect();
+    add(&api, "pg", waiting).await;
+
+    async fn walk(api: &Api, path: &str, limit: usize) -> (Vec<String>, Value) {
+        let mut names = Vec::new();
+        let mut cursor: Option<String> = None;
+        for _ in 0..100 {
+            let sep = if path.contains('?') { '&' } else { '?' };
+            let mut url = format!("{path}{sep}limit={limit}");
+            if let Some(c) = &cursor {
+                url.push_str(&format!("&cursor={}", urlencode(c)));
+            }
+            let (status, page) = api.get(&url).await;
+            assert_eq!(status, 200, "{url}: {page}");
+            let total = page["total"].clone();
+            names.extend(
+                page["items"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|t| t["name"].as_str().unwrap().to_string()),
+            );
+            match page["next_cursor"].as_str() {
+                Some(c) => cursor = Some(c.to_string()),
+                None => return (names, total),
+            }
+        }
+        panic!("{path}: the list never ended")
+    }
+    let failed_first: Vec<String> = (0..7).map(|i| format!("f{i}")).collect();
+    let newest_first: Vec<String> = failed_first.iter().rev().cloned().collect();
+    assert_eq!(
+        walk(&api, "/queues/pg/failed?order=desc", 3).await,
+        (newest_first, json!(7))
+    );
+    assert_eq!(
+        walk(&api, "/queues/pg/failed", 2).await,
+        (failed_first, json!(7))
+    );
+    let by_eta: Vec<String> = (0..12).map(|i| format!("w{i:02}")).collect();
+    assert_eq!(
+        walk(&api, "/queues/pg/tasks", 2).await,
+        (by_eta.clone(), json!(12))
+    );
+    let (desc, _) = walk(&api, "/queues/pg/tasks?order=desc", 4).await;
+    assert_eq!(desc, by_eta.iter().rev().cloned().collect::<Vec<_>>());
+    // A page goes on from its last task even when that task is gone meanwhile.
+    let (_, first) = api.get("/queues/pg/tasks?limit=3").await;
+    let cursor = first["next_cursor"].as_str().unwrap().to_string();
+    assert_eq!(api.delete("/queues/pg/tasks/w02").await.0, 200);
+    let (_, next) = api
+        .get(&format!(
+            "/queues/pg/tasks?limit=3&cursor={}",
+            urlencode(&cursor)
+        ))
+        .await;
+    let names: Vec<&str> = next["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, vec!["w03", "w04", "w05"], "{next}");
+    for bad in ["/queues/pg/failed?cursor=nope", "/queues/pg/tasks?order=up"] {
+        let (status, reply) = api.get(bad).await;
+        assert_eq!(status, 400, "{bad}: {reply}");
+    }
+}
+
+fn urlencode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
 }

@@ -492,16 +492,7 @@ pub(crate) fn task_json(
         "action": t.get("action").and_then(|a| serde_json::from_str::<Value>(a).ok()),
         "last_status": num("last_status"),
         "last_error": text("last_error"),
-        "last_run": t.get("last_run").and_then(|a| serde_json::from_str::<Value>(a).ok()).map(|mut run| {
-            // As in a Life's history: `name` the time as text, `name_ms` in epoch ms.
-            for field in ["should_run_at", "started_at"] {
-                if let Some(ms) = run.get(field).and_then(Value::as_i64) {
-                    run[format!("{field}_ms")] = Value::from(ms);
-                    run[field] = Value::String(store::rfc3339(ms, tz));
-                }
-            }
-            run
-        }),
+        "last_run": t.get("last_run").and_then(|run| run_view(run, tz)),
         // A task dropped by start_run has only the ms (Lua has no time zones).
         "failed_at": t.get("failed_at").cloned().or_else(|| {
             t.get("failed_at_ms")
@@ -536,26 +527,89 @@ pub(crate) fn task_json(
     view
 }
 
+/// A run record as stored (JSON, times in epoch ms) as the API shows it: as in a Life's
+/// history, `name` the time as text and `name_ms` in epoch ms.
+fn run_view(text: &str, tz: chrono_tz::Tz) -> Option<Value> {
+    let mut run: Value = serde_json::from_str(text).ok()?;
+    for field in ["should_run_at", "started_at"] {
+        if let Some(ms) = run.get(field).and_then(Value::as_i64) {
+            run[format!("{field}_ms")] = Value::from(ms);
+            run[field] = Value::String(store::rfc3339(ms, tz));
+        }
+    }
+    Some(run)
+}
+
+/// A task's runs, newest first: its `last_run` and the earlier ones its hash keeps
+/// (`run:{n}`, the last 9).
+fn task_runs(t: &HashMap<String, String>, tz: chrono_tz::Tz) -> Vec<Value> {
+    let mut earlier: Vec<(u64, &String)> = t
+        .iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("run:")?.parse().ok()?, v)))
+        .collect();
+    earlier.sort_by_key(|(n, _)| std::cmp::Reverse(*n));
+    t.get("last_run")
+        .into_iter()
+        .chain(earlier.into_iter().map(|(_, v)| v))
+        .filter_map(|run| run_view(run, tz))
+        .collect()
+}
+
 pub(crate) async fn list_of(
     app: &App,
     queue: &str,
     failed: bool,
-    limit: Option<u32>,
+    page: PageQuery,
 ) -> Result<Json<Value>, ApiError> {
     load_queue(app, queue).await?;
-    let limit = (limit.unwrap_or(100) as usize).clamp(1, 1000);
-    let items: Vec<Value> = app
+    let limit = (page.limit.unwrap_or(100) as usize).clamp(1, 1000);
+    let after = match &page.cursor {
+        None => None,
+        Some(cursor) => {
+            let (score, name) = cursor
+                .split_once(':')
+                .filter(|(score, _)| score.parse::<f64>().is_ok())
+                .ok_or_else(|| bad("invalid_cursor", "the cursor is not one this list gave"))?;
+            Some((score.to_string(), name.to_string()))
+        }
+    };
+    let descending = super::schedules::parse_order(page.order.as_deref())?;
+    let found = app
         .store
-        .task_list(queue, failed, limit)
-        .await?
+        .task_page(queue, failed, limit, after, descending)
+        .await?;
+    let items: Vec<Value> = found
+        .tasks
         .into_iter()
         .filter(|(_, t)| !t.is_empty())
         .map(|(name, t)| task_json(queue, &name, &t, app.config.timezone))
         .collect();
-    Ok(Json(json!({"queue": queue, "items": items})))
+    let next_cursor = found.next.map(|(score, name)| format!("{score}:{name}"));
+    Ok(Json(json!({
+        "queue": queue,
+        "items": items,
+        "next_cursor": next_cursor,
+        "total": found.total,
+    })))
 }
 
-/// `?state=&limit=` of a queue's task list.
+/// `?limit=&cursor=&order=` of a queue's task lists.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct PageQuery {
+    /// At most this many, 1 to 1000 (default 100).
+    #[param(minimum = 0)]
+    limit: Option<u32>,
+    /// The `next_cursor` of the page before.
+    cursor: Option<String>,
+    /// `asc` (default): the earliest first (by ETA; on the failed list, by failure
+    /// time); `desc`: the latest first.
+    #[param(value_type = Option<super::schedules::SortOrder>)]
+    order: Option<String>,
+}
+
+/// `?state=&limit=&cursor=&order=` of a queue's task list.
 #[derive(Debug, serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
@@ -566,6 +620,11 @@ pub(crate) struct TaskListQuery {
     /// At most this many, 1 to 1000 (default 100).
     #[param(minimum = 0)]
     limit: Option<u32>,
+    /// The `next_cursor` of the page before.
+    cursor: Option<String>,
+    /// `asc` (default): the earliest first; `desc`: the latest first.
+    #[param(value_type = Option<super::schedules::SortOrder>)]
+    order: Option<String>,
 }
 
 /// Which of a queue's lists.
@@ -604,7 +663,12 @@ pub(crate) async fn list_tasks(
             ))
         }
     };
-    list_of(&app, &queue, failed, query.limit).await
+    let page = PageQuery {
+        limit: query.limit,
+        cursor: query.cursor,
+        order: query.order,
+    };
+    list_of(&app, &queue, failed, page).await
 }
 
 /// A queue's failed list: tasks that ran out of retries (or expired).
@@ -612,19 +676,19 @@ pub(crate) async fn list_tasks(
     get,
     path = "/queues/{name}/failed",
     tag = "queues",
-    params(("name" = String, Path, description = "The queue's name."), super::timers::LimitQuery),
+    params(("name" = String, Path, description = "The queue's name."), PageQuery),
     responses(
-        (status = 200, description = "Its failed tasks.", body = TaskList),
-        (status = 400, description = "Not a queue name, or a limit that is not a number.", body = ErrorBody),
+        (status = 200, description = "Its failed tasks, a page at a time.", body = TaskList),
+        (status = 400, description = "Not a queue name, a limit that is not a number, an order that is not asc or desc, or a cursor this list did not give.", body = ErrorBody),
         (status = 404, description = "No such queue.", body = ErrorBody),
     )
 )]
 pub(crate) async fn list_failed(
     State(app): State<Shared>,
     Path(queue): Path<String>,
-    Query(query): Query<super::timers::LimitQuery>,
+    Query(query): Query<PageQuery>,
 ) -> Result<Json<Value>, ApiError> {
-    list_of(&app, &queue, true, query.limit).await
+    list_of(&app, &queue, true, query).await
 }
 
 #[utoipa::path(
@@ -645,7 +709,11 @@ pub(crate) async fn show_task(
     check_name("queue name", &queue, 100)?;
     check_name("task name", &task, 500)?;
     match app.store.task_load(&queue, &task).await? {
-        Some(t) => Ok(Json(task_json(&queue, &task, &t, app.config.timezone))),
+        Some(t) => {
+            let mut view = task_json(&queue, &task, &t, app.config.timezone);
+            view["runs"] = Value::from(task_runs(&t, app.config.timezone));
+            Ok(Json(view))
+        }
         None => Err(ApiError::not_found(format!(
             "no task `{task}` in queue `{queue}`"
         ))),

@@ -48,6 +48,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
         include_str!("ui/failures.js"),
     ),
     (
+        "queues.js",
+        "text/javascript; charset=utf-8",
+        include_str!("ui/queues.js"),
+    ),
+    (
         "docs.html",
         "text/html; charset=utf-8",
         include_str!("ui/docs.html"),

@@ -516,6 +516,9 @@ pub(crate) struct TaskView {
     last_error: Option<String>,
     /// Its last run.
     last_run: Option<TimerRunRecord>,
+    /// Its runs, newest first: the last one and up to 9 before it (only on
+    /// `GET /queues/{name}/tasks/{task}`).
+    runs: Option<Vec<TimerRunRecord>>,
     failed_at: Option<String>,
     created_at: Option<String>,
     /// A pull task's payload, any JSON value.
@@ -531,6 +534,10 @@ pub(crate) struct TaskView {
 pub(crate) struct TaskList {
     queue: String,
     items: Vec<TaskView>,
+    /// Give it as `cursor` for the next page; null on the last.
+    next_cursor: Option<String>,
+    /// How many tasks the list holds.
+    total: u64,
 }
 
 /// A task as added.

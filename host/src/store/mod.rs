@@ -67,7 +67,7 @@ pub use life_views::booked_view;
 pub use lives::IdemBooked;
 pub use memory::{Durability, MemoryState, RedisMemory, REFUSE_AT, SHED_AT};
 pub use ownership::{preferred_host, ShardOwner, Takeover};
-pub use queues::{LeasedTask, NewTask, NewTaskWork, QueueCounts, TaskAddRefusal};
+pub use queues::{LeasedTask, NewTask, NewTaskWork, QueueCounts, TaskAddRefusal, TaskPage};
 pub use shards::{Placement, ShardKeys};
 pub use stats::{ClusterStats, LIFE_STATES, PLUGIN_USERS_PAGE};
 pub use timers::{NextRun, TimerFinish, TimerPut, TimerSlot, TIMER_RUNS_KEPT};
@@ -228,6 +228,7 @@ scripts!(
     book_idem,
     history_size,
     census_rebuild,
+    zset_page,
 );
 
 /// A script's text with the helpers of `common.lua` it needs prepended (`lua_prelude.rs`); a first line `#!lua flags=...` (Redis 7)

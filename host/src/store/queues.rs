@@ -47,6 +47,17 @@ pub enum TaskAddRefusal {
 }
 
 /// A queue's counts for its view.
+/// A page of a queue's task list.
+#[derive(Debug, Clone, Default)]
+pub struct TaskPage {
+    /// Each task's name and Plan hash (empty: it went while the page was read).
+    pub tasks: Vec<(String, HashMap<String, String>)>,
+    /// The last one's score and name, when there may be more.
+    pub next: Option<(String, String)>,
+    /// How many tasks the list holds.
+    pub total: u64,
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct QueueCounts {
     pub pending: i64,
@@ -409,29 +420,57 @@ impl Store {
         Ok((!t.is_empty()).then_some(t))
     }
 
-    /// Tasks of one index (`pending` or `failed`), up to `limit`, with their Plan hashes.
-    pub async fn task_list(
+    /// A page of one of a queue's indexes (`pending` by ETA or `failed` by failure time),
+    /// either way, past `after` (the last of the page before: its score and name), with
+    /// their Plan hashes: the page, the last one's position if there may be more, and how
+    /// many the index holds.
+    pub async fn task_page(
         &self,
         queue: &str,
         failed: bool,
         limit: usize,
-    ) -> Result<Vec<(String, HashMap<String, String>)>, ApiError> {
-        let mut conn = self.conn();
+        after: Option<(String, String)>,
+        descending: bool,
+    ) -> Result<TaskPage, ApiError> {
+        let k = self.queue_keys(queue);
         let index = if failed {
-            self.queue_keys(queue).queue_failed(queue)
+            k.queue_failed(queue)
         } else {
-            self.queue_keys(queue).queue_tasks(queue)
+            k.queue_tasks(queue)
         };
-        let names: Vec<String> = conn.zrange(index, 0, limit as isize - 1).await?;
-        if names.is_empty() {
-            return Ok(Vec::new());
+        let (score, member) = after.unwrap_or_default();
+        let (total, items): (u64, Vec<(String, String)>) = self
+            .scripts
+            .zset_page
+            .key(index)
+            .arg(&k.prefix)
+            .arg(score)
+            .arg(member)
+            .arg(limit)
+            .arg(if descending { "desc" } else { "asc" })
+            .invoke_async(&mut self.conn())
+            .await?;
+        let next = (items.len() == limit)
+            .then(|| {
+                items
+                    .last()
+                    .map(|(name, score)| (score.clone(), name.clone()))
+            })
+            .flatten();
+        let mut tasks = Vec::new();
+        if !items.is_empty() {
+            let mut pipe = redis::pipe();
+            for (name, _) in &items {
+                pipe.hgetall(k.task_plan(queue, name));
+            }
+            let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn()).await?;
+            tasks = items
+                .into_iter()
+                .map(|(name, _)| name)
+                .zip(hashes)
+                .collect();
         }
-        let mut pipe = redis::pipe();
-        for name in &names {
-            pipe.hgetall(self.queue_keys(queue).task_plan(queue, name));
-        }
-        let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut conn).await?;
-        Ok(names.into_iter().zip(hashes).collect())
+        Ok(TaskPage { tasks, next, total })
     }
 
     /// Removes every task that is not running (in batches); with `drop` the queue goes

@@ -5,13 +5,8 @@
 // queue, 200 timers, 100 Lives.
 
 import {
-  act, api, confirmButton, epochText, fill, h, lifeBadge, link, refreshTools, table, when,
+  act, api, confirmButton, epochText, fill, h, heading, lifeBadge, link, refreshTools, table, when,
 } from './lib.js';
-
-function heading(ctx) {
-  return h('div', { class: 'heading' }, h('h1', {}, 'Failures'),
-    h('div', { class: 'tools' }, refreshTools(ctx)));
-}
 
 async function failedTasks() {
   const queues = await api('GET', '/queues');
@@ -58,7 +53,7 @@ export async function failures(view, ctx) {
     h('td', {}, lifeBadge(life)), h('td', { class: 'mono' }, life.outcome || ''),
     h('td', { class: 'error-text' }, life.outcome_reason || '')));
   fill(view,
-    heading(ctx),
+    heading('Failures', refreshTools(ctx)),
     h('p', { class: 'muted' }, 'What failed for good (no retry left, or not retryable), most recent first.'),
     h('section', { class: 'card', id: 'failed-tasks' }, h('h2', {}, `Queue tasks (${tasks.length})`),
       table(['Failed at', 'Queue', 'Task', 'Attempts', 'Last status', 'Last error', ''], taskRows, 'No failed task.'),

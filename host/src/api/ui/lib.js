@@ -138,6 +138,11 @@ export function applyScope(root) {
   }
 }
 
+/// A page's title with its tools (buttons, the refresh toggle) on the right.
+export function heading(text, ...extra) {
+  return h('div', { class: 'heading' }, h('h1', {}, text), h('div', { class: 'tools' }, extra));
+}
+
 /// A page's Refresh button, and a toggle that refreshes it every 5 s while checked (the
 /// choice is kept for the tab, across pages; the timer stops with the page).
 export function refreshTools(ctx) {

@@ -3,21 +3,14 @@
 // the hash's query. Every list is one API page at a time: nothing loads everything.
 
 import {
-  act, add, api, badge, confirmButton, duration, epochText, facts, fill, h, jsonBlock, lineChart, link,
+  act, add, api, badge, confirmButton, duration, epochText, facts, fill, h, heading, jsonBlock, lineChart, link,
   lifeBadge, metric, notice, parseJson, parseMetrics, refreshTools, rel, route, table, typedTime, when,
 } from './lib.js';
 import { failures } from './failures.js';
+import { queues } from './queues.js';
 
 const STATES = ['Inexistent', 'Alive', 'Dead', 'Stillbirth', 'Invalidated'];
 const OUTCOMES = ['succeeded', 'cancelled', 'birth_failed', 'death_failed', 'invalidated'];
-
-function heading(text, ...extra) {
-  return h('div', { class: 'heading' }, h('h1', {}, text), h('div', { class: 'tools' }, extra));
-}
-
-function refreshButton(ctx) {
-  return refreshTools(ctx);
-}
 
 function field(label, input, hint) {
   return h('label', { class: 'field' }, h('span', {}, label), input, hint ? h('small', { class: 'muted' }, hint) : null);
@@ -41,7 +34,7 @@ function actionForm(attrs, children, what, call, done) {
 const samples = [];
 
 async function overview(view, ctx) {
-  fill(view, heading('Overview', refreshButton(ctx)));
+  fill(view, heading('Overview', refreshTools(ctx)));
   const cards = h('div', { class: 'cards', id: 'counts' });
   const charts = h('div', { class: 'cards charts' });
   const lower = h('div', { class: 'columns' });
@@ -192,7 +185,7 @@ async function schedules(view, ctx) {
   const first = new URLSearchParams(q);
   first.delete('cursor');
   fill(view,
-    heading('Schedules', refreshButton(ctx)),
+    heading('Schedules', refreshTools(ctx)),
     filters,
     find,
     table(['Life', 'Type', 'State', 'Outcome', 'Resource', 'Birth', 'Death'], rows, 'No Life matches.'),
@@ -267,7 +260,7 @@ async function life(view, ctx, id) {
     h('td', {}, badge(r.outcome)), h('td', {}, r.status ?? ''), h('td', { class: 'error-text' }, r.error || ''),
     h('td', {}, extras(r))));
   fill(view,
-    heading(`Life ${l.life_uuid}`, refreshButton(ctx), finished ? null : cancel, finished ? null : force),
+    heading(`Life ${l.life_uuid}`, refreshTools(ctx), finished ? null : cancel, finished ? null : force),
     h('p', {}, h('a', { href: '#/schedules' }, '← Schedules')),
     h('section', { class: 'card' }, facts([
       ['State', h('span', { id: 'life-state' }, lifeBadge(l))],
@@ -328,7 +321,7 @@ async function timers(view, ctx) {
   const zone = h('input', { id: 'timer-zone', placeholder: 'host zone when empty' });
   const action = h('textarea', { id: 'timer-action', rows: 3 }, '{"path": "/hook", "method": "POST"}');
   fill(view,
-    heading('Timers', refreshButton(ctx)),
+    heading('Timers', refreshTools(ctx)),
     table(['Name', 'Schedule', 'Meaning', 'State', 'Next run', 'Last outcome', 'Last run', ''], rows, 'No timer yet.'),
     list.next_cursor ? h('p', {}, h('a', { href: `#/timers?${next}`, class: 'button secondary', id: 'next-timers' }, 'Next page →')) : null,
     actionForm({ id: 'create-timer' }, [
@@ -380,7 +373,7 @@ async function timer(view, ctx, name) {
     h('td', {}, duration(r.duration_ms)), h('td', {}, r.host || ''), h('td', {}, badge(r.outcome)),
     h('td', {}, r.status ?? ''), h('td', { class: 'error-text' }, r.error || ''), h('td', {}, extras(r))));
   fill(view,
-    heading(`Timer ${t.name}`, refreshButton(ctx), timerButtons(t, reload), del),
+    heading(`Timer ${t.name}`, refreshTools(ctx), timerButtons(t, reload), del),
     h('p', {}, h('a', { href: '#/timers' }, '← Timers')),
     h('div', { class: 'columns' },
       h('section', { class: 'card' }, facts([
@@ -402,118 +395,6 @@ async function timer(view, ctx, name) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Queues
-// ---------------------------------------------------------------------------------------
-
-function queueButtons(qv, done) {
-  const path = `/queues/${encodeURIComponent(qv.name)}`;
-  return qv.state === 'paused'
-    ? h('button', { type: 'button', dataset: { action: 'resume', queue: qv.name, needs: 'admin' },
-      onclick: (e) => act(e.target, `Queue ${qv.name} resumed`, () => api('POST', `${path}/resume`), done) }, 'Resume')
-    : h('button', { type: 'button', class: 'secondary', dataset: { action: 'pause', queue: qv.name, needs: 'admin' },
-      onclick: (e) => act(e.target, `Queue ${qv.name} paused`, () => api('POST', `${path}/pause`), done) }, 'Pause');
-}
-
-function bucket(qv) {
-  if (qv.mode === 'pull') return 'pull: leased by workers';
-  const parts = [`${qv.rate}/s`, `bucket ${qv.bucket_size}`];
-  if (qv.bucket && qv.bucket.tokens !== undefined) parts.push(`${Number(qv.bucket.tokens).toFixed(1)} tokens now`);
-  return parts.join(', ');
-}
-
-/// Most tasks one bulk action takes on (pages of 100 of the failed list).
-const BULK_MAX = 5000;
-
-/// "Re-run all failed" and "Delete all failed" of a push queue: every failed task, a page
-/// of the failed list at a time, until it is empty or BULK_MAX tasks were taken.
-function bulkButtons(path, name, reload) {
-  const each = (verb, call) => async () => {
-    let done = 0;
-    const seen = new Set();
-    while (done < BULK_MAX) {
-      const page = await api('GET', `${path}/failed`, { query: { limit: 100 } });
-      const fresh = page.items.filter((t) => !seen.has(t.name));
-      if (!fresh.length) break;
-      for (const t of fresh) {
-        seen.add(t.name);
-        await call(`${path}/tasks/${encodeURIComponent(t.name)}`);
-        done += 1;
-      }
-    }
-    return { done, verb };
-  };
-  const run = each('re-run', (p) => api('POST', `${p}/run`));
-  const del = each('deleted', (p) => api('DELETE', p));
-  return [
-    confirmButton('Re-run all failed', `Run every failed task of ${name} again now?`,
-      (b) => act(b, `Failed tasks of ${name} re-run`, run, reload), { id: 'rerun-all-failed', dataset: { needs: 'book' } }),
-    ' ',
-    confirmButton('Delete all failed', `Delete every failed task of ${name}?`,
-      (b) => act(b, `Failed tasks of ${name} deleted`, del, reload), { id: 'delete-all-failed', class: 'secondary', dataset: { needs: 'book' } }),
-  ];
-}
-
-async function queues(view, ctx) {
-  if (ctx.args.length) return queue(view, ctx, ctx.args[0]);
-  const list = await api('GET', '/queues');
-  const rows = list.items.map((qv) => h('tr', { dataset: { queue: qv.name } },
-    h('td', {}, link(qv.name, 'queues', qv.name)), h('td', {}, qv.mode), h('td', {}, badge(qv.state, 'queue')),
-    h('td', {}, String(qv.tasks.pending ?? 0)), h('td', {}, String(qv.tasks.running ?? qv.tasks.leased ?? 0)),
-    h('td', {}, String(qv.tasks.failed ?? 0)), h('td', {}, bucket(qv)),
-    h('td', {}, qv.max_concurrent ? String(qv.max_concurrent) : qv.mode === 'pull' ? '' : 'no limit'),
-    h('td', { class: 'actions' }, queueButtons(qv, () => ctx.rerender()))));
-  fill(view,
-    heading('Queues', refreshButton(ctx)),
-    table(['Name', 'Mode', 'State', 'Depth', 'Running', 'Failed', 'Rate and bucket', 'Max concurrent', ''], rows, 'No queue yet.'));
-}
-
-async function queue(view, ctx, name) {
-  const path = `/queues/${encodeURIComponent(name)}`;
-  const [qv, pending, failed] = await Promise.all([
-    api('GET', path),
-    api('GET', `${path}/tasks`, { query: { limit: 50 } }),
-    api('GET', `${path}/failed`, { query: { limit: 50 } }),
-  ]);
-  const reload = () => ctx.rerender();
-  const purge = confirmButton('Purge', `Remove every waiting task of ${name}?`,
-    (b) => act(b, `Queue ${name} purged`, () => api('POST', `${path}/purge`), reload), { id: 'purge', dataset: { needs: 'admin' } });
-  const taskPath = (t) => `${path}/tasks/${encodeURIComponent(t.name)}`;
-  const taskRow = (t, again) => h('tr', { dataset: { task: t.name } },
-    h('td', { class: 'mono' }, t.name), h('td', {}, badge(t.state)),
-    h('td', {}, again && t.failed_at ? when(t.failed_at, Date.parse(t.failed_at)) : when(t.eta, t.eta_ms)),
-    h('td', {}, t.attempts ?? ''), h('td', {}, t.last_status ?? ''), h('td', { class: 'error-text' }, t.last_error || ''),
-    h('td', {}, t.action ? jsonBlock(t.action, t.action.plugin ? `plugin ${t.action.plugin}` : `${t.action.method || ''} ${t.action.path || t.action.url || ''}`) : ''),
-    h('td', { class: 'actions' },
-      qv.mode === 'pull' ? null : h('button', { type: 'button', dataset: { action: 'run-task', needs: 'book' },
-        onclick: (e) => act(e.target, `Task ${t.name} ${again ? 're-run' : 'runs now'}`, () => api('POST', `${taskPath(t)}/run`), reload) }, again ? 'Re-run' : 'Run now'),
-      ' ',
-      confirmButton('Delete', 'Delete this task?', (b) => act(b, `Task ${t.name} deleted`, () => api('DELETE', taskPath(t)), reload), { class: 'secondary', dataset: { needs: 'book' } })));
-  const r = qv.retry || {};
-  fill(view,
-    heading(`Queue ${name}`, refreshButton(ctx), queueButtons(qv, reload), purge),
-    h('p', {}, h('a', { href: '#/queues' }, '← Queues')),
-    h('section', { class: 'card' }, facts([
-      ['State', h('span', { id: 'queue-state' }, badge(qv.state, 'queue'))],
-      ['Mode', qv.mode],
-      ['Depth', h('span', { id: 'queue-depth' }, String(qv.tasks.pending ?? 0))],
-      ['Running', String(qv.tasks.running ?? qv.tasks.leased ?? 0)],
-      ['Failed', String(qv.tasks.failed ?? 0)],
-      ['Rate and bucket', h('span', { id: 'queue-bucket' }, bucket(qv))],
-      qv.mode === 'pull' ? null : ['Max concurrent', qv.max_concurrent ? String(qv.max_concurrent) : 'no limit'],
-      qv.key ? ['Per key', `${qv.key}: ${qv.max_concurrent_per_key ?? '∞'} at once, ${qv.rate_per_key ?? '∞'}/s`] : null,
-      ['Retry', `limit ${r.limit ?? '∞'}, backoff ${r.min_backoff}–${r.max_backoff} s, ${r.max_doublings} doublings${r.age_limit ? `, age limit ${r.age_limit} s` : ''}`],
-    ])),
-    h('section', { class: 'card', id: 'failed' }, h('h2', {}, `Failed (${qv.tasks.failed ?? 0})`),
-      failed.items.length && qv.mode !== 'pull' ? h('p', { class: 'tools' }, bulkButtons(path, name, reload)) : null,
-      table(['Task', 'State', 'Failed at', 'Attempts', 'Last status', 'Last error', 'Action', ''],
-        [...failed.items].sort((a, b) => (b.failed_at || '').localeCompare(a.failed_at || '')).map((t) => taskRow(t, true)), 'No failed task.'),
-      failed.items.length >= 50 ? h('p', { class: 'muted' }, 'The latest 50; the bulk buttons act on every failed task.') : null),
-    h('section', { class: 'card' }, h('h2', {}, 'Waiting and running'),
-      table(['Task', 'State', 'ETA', 'Attempts', 'Last status', 'Last error', 'Action', ''], pending.items.map((t) => taskRow(t, false)), 'No task waiting.'),
-      pending.items.length >= 50 ? h('p', { class: 'muted' }, 'The first 50 by ETA.') : null));
-}
-
-// ---------------------------------------------------------------------------------------
 // Plugins
 // ---------------------------------------------------------------------------------------
 
@@ -527,7 +408,7 @@ async function plugins(view, ctx) {
     h('td', { class: 'lives-using' }, String(p.unfinished_lives ?? '')),
     h('td', {}, (p.timers || []).map((t) => [link(t, 'timers', t), ' ']))));
   fill(view,
-    heading('Plugins', refreshButton(ctx)),
+    heading('Plugins', refreshTools(ctx)),
     table(['Name', 'Version', 'Digest', 'Size', 'May call', 'Uploaded', 'Unfinished Lives using it', 'Timers using it'], rows, 'No plugin uploaded.'),
     uploadForm());
 }
@@ -557,7 +438,7 @@ async function plugin(view, ctx, name) {
   const del = (force) => (b) => act(b, `Plugin ${name} deleted`,
     () => api('DELETE', path, { query: force ? { force: 'true' } : undefined }), () => { location.hash = '#/plugins'; });
   fill(view,
-    heading(`Plugin ${p.name}`, refreshButton(ctx),
+    heading(`Plugin ${p.name}`, refreshTools(ctx),
       confirmButton('Delete', `Delete every version of ${name}?`, del(false), { id: 'delete-plugin', dataset: { needs: 'admin' } }),
       confirmButton('Force delete', 'Delete it even though Lives or timers use it?', del(true), { class: 'secondary', dataset: { needs: 'admin' } })),
     h('p', {}, h('a', { href: '#/plugins' }, '← Plugins')),

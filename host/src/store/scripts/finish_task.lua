@@ -18,6 +18,17 @@
 local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
 local out, done_ids = {}, {}
 
+-- A task that runs again keeps its earlier attempts: the `last_run` a run replaces goes
+-- into the task's hash as `run:{n}` (`run_seq` counts them), the last RUNS_KEPT of them.
+local RUNS_KEPT = 9
+local function keep_previous_run(pk)
+  local prev = redis.call('HGET', pk, 'last_run')
+  if not prev then return end
+  local n = redis.call('HINCRBY', pk, 'run_seq', 1)
+  redis.call('HSET', pk, 'run:' .. n, prev)
+  if n > RUNS_KEPT then redis.call('HDEL', pk, 'run:' .. (n - RUNS_KEPT)) end
+end
+
 local function apply(plan_id, claim, outcome, next_ms, status, err, word, record,
     callback, callback_record)
   local queue, task = string.match(plan_id, '^([^/]+)/(.*):task$')
@@ -42,10 +53,12 @@ local function apply(plan_id, claim, outcome, next_ms, status, err, word, record
     redis.call('ZREM', qk .. ':tasks', task)
     redis.call('SET', tombstone, now_ms, 'PX', ARGV[6])
   elseif outcome == 'retry' then
+    keep_previous_run(pk)
     redis.call('HSET', pk, 'state', 'Standby', 'fire_at_ms', next_ms, unpack(fields))
     redis.call('ZADD', KEYS[2], next_ms, plan_id)
     notify_if_soon(next_ms, notify_before)
   else
+    keep_previous_run(pk)
     redis.call('HSET', pk, 'state', 'Failed', 'failed_at_ms', now_ms, unpack(fields))
     redis.call('ZREM', qk .. ':tasks', task)
     redis.call('ZADD', qk .. ':failed', now_ms, task)
