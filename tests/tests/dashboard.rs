@@ -907,6 +907,30 @@ async fn see_what_failed(page: &Page, sink: &Sink, admin: &Api) {
         count.contains(&format!(" of {lives}, ")),
         "{count} vs {lives} Lives"
     );
+    // One time zone for every column, chosen in the header: UTC, then this browser's.
+    let birth = "document.querySelector('tr[data-life=lost] td:nth-child(6) span.time').firstChild.textContent";
+    page.select("#zone-toggle", "utc").await;
+    page.ready("schedules").await;
+    let utc = page.js(&format!("return {birth}")).await;
+    assert!(
+        utc.as_str()
+            .is_some_and(|t| t.ends_with('Z') && t.len() == 20),
+        "{utc}"
+    );
+    page.select("#zone-toggle", "local").await;
+    page.ready("schedules").await;
+    let local = page.js(&format!("return {birth}")).await;
+    let local = local.as_str().unwrap_or_default().to_string();
+    let offset = &local[local.len().saturating_sub(6)..];
+    assert!(
+        local.len() == 25
+            && (offset.starts_with('+') || offset.starts_with('-'))
+            && &offset[3..4] == ":",
+        "{local}"
+    );
+    page.select("#zone-toggle", "host").await;
+    page.ready("schedules").await;
+
     // Filtered on outcome, newest first: the Life whose birth failed, with why.
     page.select("#filter-outcome", "birth_failed").await;
     page.select("#filter-order", "desc").await;

@@ -1,7 +1,7 @@
 // The dashboard's entry: the token (asked once, kept in sessionStorage), hash routing
 // (#/schedules?state=Alive, #/timers/nightly, ...) and the header.
 
-import { api, ApiError, clearNotice, fill, h, notice, onUnauthorized, token } from './lib.js';
+import { api, ApiError, clearNotice, fill, h, notice, onUnauthorized, token, zoneToggle } from './lib.js';
 import { pages } from './pages.js';
 
 const main = document.getElementById('main');
@@ -88,7 +88,7 @@ function header() {
     header();
     askToken();
   });
-  fill(el, token.get() ? ['token set · ', forget] : 'no token');
+  fill(el, zoneToggle(() => render()), ' ', token.get() ? ['token set · ', forget] : 'no token');
 }
 
 onUnauthorized((err) => askToken(err.toString()));

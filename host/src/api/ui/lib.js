@@ -241,15 +241,55 @@ export function rel(ms) {
 }
 
 /// An instant as the API gave it (RFC 3339 in the host's zone), with how far it is.
+/// Which time zone times are shown in, for every column alike: `host` (as the API gives
+/// them, in the host's configured zone), `utc` or `local` (this browser's); kept in the
+/// browser across visits.
+export const zone = {
+  get: () => localStorage.getItem('kairos.zone') || 'host',
+  set: (z) => localStorage.setItem('kairos.zone', z),
+};
+
+const pad = (n, w = 2) => String(Math.abs(n)).padStart(w, '0');
+
+/// Epoch ms as `YYYY-MM-DD HH:MM:SS` and its zone: `Z` in UTC, `±HH:MM` in local time.
+function inZone(ms, which) {
+  const d = new Date(Number(ms));
+  if (which === 'local') {
+    const off = -d.getTimezoneOffset();
+    return `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`
+      + `${off < 0 ? '-' : '+'}${pad(Math.trunc(off / 60))}:${pad(off % 60)}`;
+  }
+  return d.toISOString().replace('T', ' ').replace(/\.\d+Z/, 'Z');
+}
+
+/// A time as text in the chosen zone (`text` is the API's, in the host's zone).
+function timeText(text, ms) {
+  const which = zone.get();
+  if (ms !== undefined && ms !== null && (which !== 'host' || !text)) return inZone(ms, which === 'host' ? 'utc' : which);
+  return String(text).replace('T', ' ').replace(/\.\d+/, '');
+}
+
 export function when(text, ms) {
   if (!text && (ms === undefined || ms === null)) return h('span', { class: 'muted' }, '—');
-  const shown = text || new Date(Number(ms)).toISOString();
-  return h('span', { title: shown }, shown.replace('T', ' ').replace(/\.\d+/, ''),
-    ms !== undefined && ms !== null ? h('small', { class: 'muted' }, ` (${rel(ms)})`) : null);
+  const known = ms !== undefined && ms !== null;
+  // The tooltip: the API's own text (the host's zone), whatever the zone shown.
+  const title = text || inZone(ms, 'utc');
+  return h('span', { title, class: 'time' }, timeText(text, ms),
+    known ? h('small', { class: 'muted' }, ` (${rel(ms)})`) : null);
 }
 
 export function epochText(ms) {
-  return ms === undefined || ms === null ? '' : new Date(Number(ms)).toISOString().replace('T', ' ').replace(/\.\d+Z/, 'Z');
+  return ms === undefined || ms === null ? '' : timeText(null, ms);
+}
+
+/// The header's choice of time zone; choosing renders the page again.
+export function zoneToggle(rerender) {
+  const select = h('select', { id: 'zone-toggle', title: 'Show times in' },
+    h('option', { value: 'host' }, "times: host's zone"), h('option', { value: 'utc' }, 'times: UTC'),
+    h('option', { value: 'local' }, 'times: local'));
+  select.value = zone.get();
+  select.addEventListener('change', () => { zone.set(select.value); rerender(); });
+  return select;
 }
 
 export function duration(ms) {
