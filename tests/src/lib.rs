@@ -654,15 +654,48 @@ pub async fn upload_plugin(api: &Api, name: &str, crate_name: &str, query: &str)
 }
 
 /// Uploads the component `wasm` as `name` with the given query; the host must answer 201
-/// with its size. Returns the registered version's description.
+/// (compiled) or 202 (still compiling: a large component, or a loaded machine) with its
+/// size. Returns the registered version's description once it is ready.
 pub async fn upload_component(api: &Api, name: &str, wasm: Vec<u8>, query: &str) -> Value {
     let size = wasm.len();
     let (status, reply) = api
         .put_wasm(&format!("/plugins/{name}?{query}"), wasm)
         .await;
-    assert_eq!(status, 201, "upload of {name} refused: {reply:#}");
+    assert!(
+        status == 201 || status == 202,
+        "upload of {name} refused: {status} {reply:#}"
+    );
     assert_eq!(reply["size"], size, "{reply:#}");
-    reply
+    if status == 201 {
+        assert_eq!(reply["state"], "ready", "{reply:#}");
+        return reply;
+    }
+    assert_eq!(reply["state"], "compiling", "{reply:#}");
+    wait_plugin_ready(api, name, &reply).await
+}
+
+/// Waits for the version `uploaded` describes to end its compile; its description then.
+pub async fn wait_plugin_ready(api: &Api, name: &str, uploaded: &Value) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let (status, shown) = api.get(&format!("/plugins/{name}")).await;
+        assert_eq!(status, 200, "{shown:#}");
+        let version = shown["versions"]
+            .as_array()
+            .and_then(|vs| vs.iter().find(|v| v["version"] == uploaded["version"]))
+            .cloned()
+            .unwrap_or(Value::Null);
+        match version["state"].as_str() {
+            Some("ready") => return version,
+            Some("failed") => panic!("{name} failed to compile: {version:#}"),
+            _ => {}
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name} still compiling after 90 s: {shown:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Runs `kairos {args}` to its end; (exit code, stdout, stderr).

@@ -2,7 +2,7 @@
 //! `plugins/`, uploaded over REST, fired by real hosts against a real sink.
 
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kairos_e2e::*;
 use serde_json::{json, Value};
@@ -1952,4 +1952,142 @@ async fn the_same_bytes_under_another_name_or_after_a_restart_are_not_compiled_a
         assert_eq!(state(&life), "Dead", "{life:#}");
     }
     assert_eq!(sink.received().len(), 3);
+}
+
+/// A large component (the 13 MB JavaScript one) is answered at once, 202 `compiling`,
+/// and compiles in the background: the version before stays what the name runs until
+/// the new one is ready, a booking naming the new one waits for it and is checked
+/// against the schema it declares, and when the uploading host dies mid-compile another
+/// host ends the compile (issue 30).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_component_answers_at_once_and_compiles_in_the_background() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    // Data directories of their own: no compiled artifact from another test to reuse.
+    let (dir_a, dir_b) = (TempDir::new("compile-a"), TempDir::new("compile-b"));
+    let mut uploader = Host::start_in(&redis.url(), &flags(&sink, &[]), &dir_a.0);
+    let other = Host::start_in(&redis.url(), &flags(&sink, &[]), &dir_b.0);
+    let (up, api) = (Api::new(&uploader), Api::new(&other));
+    let query = format!("{}&timeout=10s", allow_sink(&sink));
+
+    let first = upload_plugin(&up, "swap", "noop", &query).await;
+    assert_eq!(
+        (first["version"].as_u64(), first["state"].as_str()),
+        (Some(1), Some("ready"))
+    );
+    let started = Instant::now();
+    let (status, second) = up
+        .put_wasm(&format!("/plugins/swap?{query}"), js_plugin_wasm("forward"))
+        .await;
+    let answered = started.elapsed();
+    assert_eq!(
+        (status, second["state"].as_str(), second["version"].as_u64()),
+        (202, Some("compiling"), Some(2)),
+        "{second:#}"
+    );
+    assert!(
+        answered < Duration::from_secs(5),
+        "answered after {answered:?}"
+    );
+    assert!(second.get("input_schema").is_none(), "{second:#}");
+    uploader.kill9();
+
+    // Visible while it compiles: the newest version is compiling, the one before ready.
+    let (status, shown) = api.get("/plugins/swap").await;
+    assert_eq!(status, 200, "{shown:#}");
+    let states: Vec<&str> = shown["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states[0], "ready", "{shown:#}");
+    assert!(["compiling", "ready"].contains(&states[1]), "{shown:#}");
+
+    // Naming the new version waits for its compile, then checks its declared schema.
+    let waited = Instant::now();
+    let unfit = json!({"body": {}});
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &plugin_point(
+                "7f000000-0000-4000-8000-0000000000c1",
+                now_ms() + 600_000,
+                "swap@2",
+                unfit.clone(),
+            ),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (400, Some("invalid_input")),
+        "after {:?}: {reply:#}",
+        waited.elapsed()
+    );
+    // The other host ended the compile: version 2 is ready and the latest.
+    let (_, shown) = api.get("/plugins/swap").await;
+    assert_eq!(
+        (shown["version"].as_u64(), shown["state"].as_str()),
+        (Some(2), Some("ready")),
+        "{shown:#}"
+    );
+    assert!(shown["input_schema"].is_object(), "{shown:#}");
+    // `swap` now names version 2: the input noop took is refused, a fit one fires.
+    let (status, reply) = api
+        .post(
+            "/schedules",
+            &plugin_point(
+                "7f000000-0000-4000-8000-0000000000c2",
+                now_ms() + 600_000,
+                "swap",
+                unfit,
+            ),
+        )
+        .await;
+    assert_eq!(
+        (status, reply["error"]["code"].as_str()),
+        (400, Some("invalid_input")),
+        "{reply:#}"
+    );
+    let ok = "7f000000-0000-4000-8000-0000000000c3";
+    book(
+        &api,
+        &plugin_point(
+            ok,
+            now_ms() + 1_500,
+            "swap",
+            forward_input(&sink, "/after-compile"),
+        ),
+    )
+    .await;
+    let life = wait_finished(&api, ok).await;
+    assert_eq!(state(&life), "Dead", "{life:#}");
+    assert_eq!(
+        sink.received()
+            .iter()
+            .filter(|r| r.path == "/after-compile")
+            .count(),
+        1
+    );
+
+    // The CLI waits for the compile by default: it prints the version once ready.
+    let dir = TempDir::new("compile-cli");
+    let file = dir.0.join("python_forward.wasm");
+    std::fs::write(&file, python_plugin_wasm("forward")).unwrap();
+    let server = format!("http://{}", other.addr);
+    let (code, out, err) = kairos_command(&[
+        "--server",
+        &server,
+        "-o",
+        "json",
+        "plugins",
+        "upload",
+        "py-late",
+        file.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("compiling on the server"), "{err}");
+    let meta: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(meta["state"], "ready", "{out}");
+    assert!(meta["input_schema"].is_object(), "{out}");
 }

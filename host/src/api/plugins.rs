@@ -27,8 +27,17 @@ use super::{body_bytes, Shared};
 use crate::config::parse_duration;
 use crate::error::{ApiError, ErrorBody};
 use crate::plugins::registry::PluginMeta;
-use crate::plugins::registry::{valid_name, DeleteOutcome, UploadLimits};
+use crate::plugins::registry::{valid_name, DeleteOutcome, PluginState, UploadLimits};
 use crate::plugins::runtime::MAX_MEMORY_MB;
+
+/// How long an upload waits for its component to compile before it answers: past it
+/// the version is registered `compiling` (202) and its compile goes on. A component
+/// under [`SMALL_COMPONENT`] (a Rust plugin: well under a second to compile) is waited
+/// for up to [`SMALL_UPLOAD_WAIT`] instead, so that on a loaded machine an unusable one
+/// is still refused with a 400 rather than registered and marked `failed`.
+const UPLOAD_WAIT: Duration = Duration::from_millis(1500);
+const SMALL_COMPONENT: usize = 4 << 20;
+const SMALL_UPLOAD_WAIT: Duration = Duration::from_secs(20);
 
 /// The longest `timeout` a plugin may have.
 pub const MAX_PLUGIN_TIMEOUT: Duration = Duration::from_secs(300);
@@ -128,7 +137,8 @@ fn upload_limits_over(
     ),
     request_body(content = inline(super::views::ComponentBytes), content_type = "application/octet-stream", description = "A WebAssembly component (any content type is read as bytes) built for wasm32-wasip2 against the kairos:plugin/action world."),
     responses(
-        (status = 201, description = "Stored as a new version.", body = PluginMeta),
+        (status = 201, description = "Stored as a new version, compiled and ready.", body = PluginMeta),
+        (status = 202, description = "Stored as a new version still compiling (`state`: `compiling`; a large component compiles for several seconds): it becomes the latest once compiled, or `failed` with its `error`; bookings naming it wait for it.", body = PluginMeta),
         (status = 400, description = "A bad name or query, or bytes that are not a component of the world, or whose declared input schema is not JSON Schema (`invalid_plugin`).", body = ErrorBody),
     )
 )]
@@ -166,13 +176,33 @@ async fn upload_plugin(
         ));
     }
     // Compiled code is reused by digest (another name, an upload before a restart), and
-    // what is compiled here is kept prepared before the version is registered.
+    // what is compiled here is kept prepared before the version is registered. A large
+    // component (a JavaScript or Python one: 13-19 MB, several seconds of compiling) is
+    // registered `compiling` once UPLOAD_WAIT has passed and the answer goes out; its
+    // compile goes on and promotes it (or marks it failed) when it ends.
     let digest = crate::plugins::registry::digest_of(&body);
-    let compiled = app
-        .plugins
-        .check(&digest, body.to_vec(), limits.memory_mb, limits.timeout_ms)
-        .await
-        .map_err(|why| ApiError::bad_request("invalid_plugin", why))?;
+    let mut compile = {
+        let (plugins, digest, bytes) = (app.plugins.clone(), digest.clone(), body.to_vec());
+        let (memory_mb, timeout_ms) = (limits.memory_mb, limits.timeout_ms);
+        tokio::spawn(async move { plugins.check(&digest, bytes, memory_mb, timeout_ms).await })
+    };
+    let wait = if body.len() < SMALL_COMPONENT {
+        SMALL_UPLOAD_WAIT
+    } else {
+        UPLOAD_WAIT
+    };
+    let compiled = match tokio::time::timeout(wait, &mut compile).await {
+        Ok(joined) => Some(
+            joined
+                .unwrap_or_else(|e| Err(format!("the compile stopped: {e}")))
+                .map_err(|why| ApiError::bad_request("invalid_plugin", why))?,
+        ),
+        Err(_) => None,
+    };
+    let state = match compiled {
+        Some(_) => PluginState::Ready,
+        None => PluginState::Compiling,
+    };
     let now_ms = app.clock.now_ms();
     let uploaded_at = app.store.fmt_time(now_ms);
     let meta = app
@@ -181,7 +211,8 @@ async fn upload_plugin(
         .put(
             &name,
             &body,
-            compiled.input_schema.as_deref(),
+            compiled.as_ref().and_then(|c| c.input_schema.as_deref()),
+            state,
             &limits,
             &uploaded_at,
             now_ms,
@@ -191,14 +222,49 @@ async fn upload_plugin(
         plugin = %name,
         version = meta.version,
         digest = %meta.digest,
-        code = compiled.how.as_str(),
+        code = compiled.as_ref().map_or("compiling", |c| c.how.as_str()),
         "plugin uploaded"
     );
+    if state == PluginState::Compiling {
+        let (app, name, version, digest) = (app.clone(), name.clone(), meta.version, digest);
+        tokio::spawn(async move {
+            let outcome = compile
+                .await
+                .unwrap_or_else(|e| Err(format!("the compile stopped: {e}")))
+                .map(|c| c.input_schema);
+            let written = app
+                .plugins
+                .registry()
+                .promote(
+                    &name,
+                    version,
+                    &digest,
+                    outcome
+                        .as_ref()
+                        .map(|s| s.as_deref())
+                        .map_err(String::as_str),
+                )
+                .await;
+            match (&outcome, written) {
+                (Ok(_), Ok(_)) => tracing::info!(plugin = %name, version, "plugin compiled; ready"),
+                (Err(why), Ok(_)) => {
+                    tracing::warn!(plugin = %name, version, error = %why, "an uploaded plugin cannot be used")
+                }
+                (_, Err(e)) => {
+                    tracing::warn!(plugin = %name, version, error = %e.message, "cannot record a plugin's compile; another host will")
+                }
+            }
+        });
+    }
     let object = format!(
         "plugin={name} version={} digest={}",
         meta.version, meta.digest
     );
-    let mut response = (StatusCode::CREATED, Json(json!(meta))).into_response();
+    let status = match state {
+        PluginState::Ready => StatusCode::CREATED,
+        _ => StatusCode::ACCEPTED,
+    };
+    let mut response = (status, Json(json!(meta))).into_response();
     response
         .extensions_mut()
         .insert(super::auth::Audited(object));

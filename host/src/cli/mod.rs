@@ -187,6 +187,10 @@ pub enum PluginsCommand {
         /// Wall-time limit per run (`10s`, `500ms`).
         #[arg(long)]
         timeout: Option<String>,
+        /// Answer as soon as the server does: a large component (JavaScript, Python) is
+        /// then still compiling. By default the command waits until it is ready.
+        #[arg(long)]
+        no_wait: bool,
     },
     /// Run a component file once, here, in the sandbox a firing uses, with no server or
     /// Redis: prints its output or error, its logs, each outbound request with the
@@ -583,6 +587,31 @@ pub async fn run(target: Target, command: ClientCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Waits for an uploaded version still compiling to be ready (at most two minutes);
+/// its description then, or the reason it failed.
+async fn wait_compiled(api: &Api, name: &str, uploaded: &Value) -> anyhow::Result<Value> {
+    let version = uploaded["version"].clone();
+    eprintln!("{name} version {version}: compiling on the server…");
+    for _ in 0..240 {
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        let shown = api.get(&format!("/plugins/{}", encode(name))).await?;
+        let this = shown["versions"]
+            .as_array()
+            .and_then(|vs| vs.iter().find(|v| v["version"] == version))
+            .cloned()
+            .unwrap_or(Value::Null);
+        match this["state"].as_str() {
+            Some("ready") => return Ok(this),
+            Some("failed") => anyhow::bail!(
+                "{name} version {version} cannot be used: {}",
+                text(&this["error"])
+            ),
+            _ => {}
+        }
+    }
+    anyhow::bail!("{name} version {version} is still compiling after two minutes (kairos plugins show {name})")
+}
+
 /// `kairos ls` and `kairos failures`: pages of Lives from `path`, each printed as it
 /// arrives (so `--all` over a million Lives streams), from `cursor`.
 async fn list_lives(
@@ -731,6 +760,7 @@ async fn plugins(api: &Api, command: PluginsCommand, output: Output) -> anyhow::
             allowed_hosts,
             memory_mb,
             timeout,
+            no_wait,
         } => {
             let bytes = std::fs::read(&file).with_context(|| format!("cannot read {file}"))?;
             let path = format!(
@@ -742,9 +772,12 @@ async fn plugins(api: &Api, command: PluginsCommand, output: Output) -> anyhow::
                     ("timeout", timeout),
                 ])
             );
-            let meta = api
+            let mut meta = api
                 .send(Method::PUT, &path, Some(bytes), "application/wasm")
                 .await?;
+            if meta["state"] == "compiling" && !no_wait {
+                meta = wait_compiled(api, &name, &meta).await?;
+            }
             emit(output, &meta);
         }
         PluginsCommand::Run {

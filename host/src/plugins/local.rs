@@ -85,6 +85,8 @@ pub async fn run_once(run: LocalRun) -> Result<LocalOutcome, String> {
         uploaded_at: String::new(),
         uploaded_at_ms: 0,
         input_schema: None,
+        state: crate::plugins::registry::PluginState::Ready,
+        error: None,
     };
     let now_ms = chrono::Utc::now().timestamp_millis();
     let ctx = InvokeContext {

@@ -50,7 +50,37 @@ pub struct PluginMeta {
     )]
     #[schema(value_type = Option<Object>)]
     pub input_schema: Option<String>,
+    /// `ready`; `compiling` while a large component compiles after its upload answered
+    /// (bookings naming it wait for it, and `name` goes on naming the version before
+    /// until it is ready); `failed` when it turned out unusable (`error` says why).
+    pub state: PluginState,
+    /// Why a `failed` version cannot be used.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
+
+/// Where a plugin version stands: `ready`, `compiling` (after an upload that answered
+/// before its compile ended) or `failed`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, utoipa::ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum PluginState {
+    Ready,
+    Compiling,
+    Failed,
+}
+
+impl PluginState {
+    fn from_field(field: Option<&str>) -> PluginState {
+        match field {
+            Some("compiling") => PluginState::Compiling,
+            Some("failed") => PluginState::Failed,
+            _ => PluginState::Ready,
+        }
+    }
+}
+
+/// How long a booking naming a version that is still compiling waits for it.
+const COMPILE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// Writes a stored schema text as the JSON it is.
 fn schema_as_json<S: Serializer>(schema: &Option<String>, s: S) -> Result<S::Ok, S::Error> {
@@ -79,6 +109,8 @@ impl PluginMeta {
             uploaded_at: get("uploaded_at").unwrap_or_default(),
             uploaded_at_ms: get("uploaded_at_ms")?.parse().ok()?,
             input_schema: get("input_schema"),
+            state: PluginState::from_field(h.get("state").map(String::as_str)),
+            error: get("error"),
         })
     }
 }
@@ -227,68 +259,15 @@ pub fn digest_of(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-const PUT_SCRIPT: &str = r#"
--- KEYS: 1 plugins set, 2 latest hash, 3 wasm-refs, 4 wasm:{digest}; ARGV: 1 prefix,
--- 2 name, 3 digest, 4 size, 5 allowed_hosts, 6 memory_mb, 7 timeout_ms, 8 uploaded_at,
--- 9 uploaded_at_ms, 10 the component's bytes, 11 its input schema ('' when none).
--- The bytes are stored here, with the reference that keeps them: written apart, a DELETE
--- of the digest's last other user could run in between and remove them.
-redis.call('SET', KEYS[4], ARGV[10], 'NX')
-local version = redis.call('HINCRBY', ARGV[1] .. 'plugin-versions', ARGV[2], 1)
--- A name uploaded before this counter existed goes on from its latest version.
-local latest = tonumber(redis.call('HGET', KEYS[2], 'version') or '0')
-if version <= latest then
-  version = latest + 1
-  redis.call('HSET', ARGV[1] .. 'plugin-versions', ARGV[2], version)
-end
-local fields = {'name', ARGV[2], 'version', version, 'digest', ARGV[3], 'size', ARGV[4],
-  'allowed_hosts', ARGV[5], 'memory_mb', ARGV[6], 'timeout_ms', ARGV[7],
-  'uploaded_at', ARGV[8], 'uploaded_at_ms', ARGV[9]}
-if ARGV[11] ~= '' then
-  fields[#fields + 1] = 'input_schema'
-  fields[#fields + 1] = ARGV[11]
-end
--- The latest hash is replaced whole: a new version without a schema keeps none.
-redis.call('DEL', KEYS[2])
-redis.call('HSET', KEYS[2], unpack(fields))
-redis.call('HSET', ARGV[1] .. 'plugin:' .. ARGV[2] .. ':v' .. version, unpack(fields))
-redis.call('HINCRBY', KEYS[3], ARGV[3], 1)
-redis.call('SADD', KEYS[1], ARGV[2])
-return version
-"#;
-
-const DELETE_SCRIPT: &str = r#"
--- KEYS: 1 plugins set, 2 latest hash, 3 wasm-refs;
--- ARGV: 1 prefix, 2 name, 3 force ('1' or '0'), 4 unfinished Lives and timers using it
--- (counted across the shards by the caller)
-if redis.call('EXISTS', KEYS[2]) == 0 then return {'missing', 0} end
-local unfinished = tonumber(ARGV[4])
-if unfinished > 0 and ARGV[3] ~= '1' then return {'in_use', unfinished} end
-local latest = tonumber(redis.call('HGET', KEYS[2], 'version'))
-for v = 1, latest do
-  local key = ARGV[1] .. 'plugin:' .. ARGV[2] .. ':v' .. v
-  local digest = redis.call('HGET', key, 'digest')
-  if digest then
-    if redis.call('HINCRBY', KEYS[3], digest, -1) <= 0 then
-      redis.call('HDEL', KEYS[3], digest)
-      redis.call('DEL', ARGV[1] .. 'wasm:' .. digest)
-    end
-    redis.call('DEL', key)
-  end
-end
-redis.call('DEL', KEYS[2])
-redis.call('SREM', KEYS[1], ARGV[2])
-return {'deleted', unfinished}
-"#;
-
 /// Reads and writes the registry keys.
 #[derive(Clone)]
 pub struct Registry {
     conn: Conn,
     /// `{key_prefix}:{plugins}:`.
     prefix: String,
-    put: std::sync::Arc<Script>,
-    delete: std::sync::Arc<Script>,
+    put: Arc<Script>,
+    delete: Arc<Script>,
+    promote: Arc<Script>,
     /// Each component digest's compiled input schema (None: it declares none).
     validators: Arc<Mutex<HashMap<String, Option<InputValidator>>>>,
 }
@@ -298,8 +277,9 @@ impl Registry {
         Registry {
             conn,
             prefix,
-            put: std::sync::Arc::new(Script::new(PUT_SCRIPT)),
-            delete: std::sync::Arc::new(Script::new(DELETE_SCRIPT)),
+            put: Arc::new(Script::new(include_str!("scripts/put.lua"))),
+            delete: Arc::new(Script::new(include_str!("scripts/delete.lua"))),
+            promote: Arc::new(Script::new(include_str!("scripts/promote.lua"))),
             validators: Arc::default(),
         }
     }
@@ -316,13 +296,16 @@ impl Registry {
         self.key(&format!("plugin:{name}:v{version}"))
     }
 
-    /// Stores a new version of `name`; the bytes and the input schema have been checked
-    /// by the runtime.
+    /// Stores a new version of `name`: checked by the runtime (`Ready`, with its input
+    /// schema), or still compiling (`Compiling`: the latest version stays the one before
+    /// until [`Registry::promote`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn put(
         &self,
         name: &str,
         bytes: &[u8],
         input_schema: Option<&str>,
+        state: PluginState,
         limits: &UploadLimits,
         uploaded_at: &str,
         uploaded_at_ms: i64,
@@ -347,6 +330,11 @@ impl Registry {
             .arg(uploaded_at_ms)
             .arg(bytes)
             .arg(input_schema.unwrap_or(""))
+            .arg(if state == PluginState::Compiling {
+                "compiling"
+            } else {
+                ""
+            })
             .invoke_async(&mut conn)
             .await?;
         Ok(PluginMeta {
@@ -360,7 +348,56 @@ impl Registry {
             uploaded_at: uploaded_at.to_string(),
             uploaded_at_ms,
             input_schema: input_schema.map(String::from),
+            state,
+            error: None,
         })
+    }
+
+    /// Ends the compile of version `version` of `name` (digest `digest`): ready with
+    /// its input schema, it becomes the latest unless a newer one is; failed, it keeps
+    /// the error. False when it was no longer compiling (another host ended it, or the
+    /// plugin was deleted).
+    pub async fn promote(
+        &self,
+        name: &str,
+        version: u32,
+        digest: &str,
+        outcome: Result<Option<&str>, &str>,
+    ) -> Result<bool, ApiError> {
+        let (state, text) = match outcome {
+            Ok(schema) => ("ready", schema.unwrap_or("")),
+            Err(why) => ("failed", why),
+        };
+        let mut conn = self.conn.clone();
+        let written: i64 = self
+            .promote
+            .key(self.latest_key(name))
+            .key(self.version_key(name, version))
+            .arg(state)
+            .arg(text)
+            .arg(digest)
+            .invoke_async(&mut conn)
+            .await?;
+        Ok(written == 1)
+    }
+
+    /// The newest version of `name`, whatever its state.
+    pub async fn newest(&self, name: &str) -> Result<Option<PluginMeta>, ApiError> {
+        let mut conn = self.conn.clone();
+        let last: Option<u32> = conn.hget(self.key("plugin-versions"), name).await?;
+        let latest = self.resolve(name).await?;
+        let newer = match (last, &latest) {
+            (Some(n), Some(l)) if n > l.version => Some(n),
+            (Some(n), None) => Some(n),
+            _ => None,
+        };
+        match newer {
+            Some(n) => {
+                let hash: HashMap<String, String> = conn.hgetall(self.version_key(name, n)).await?;
+                Ok(PluginMeta::from_hash(&hash).or(latest))
+            }
+            None => Ok(latest),
+        }
     }
 
     /// The version a spec names (`name` = latest, `name@3` = version 3), if registered.
@@ -382,10 +419,45 @@ impl Registry {
     /// The `specs` that are registered, with their input schemas: one round trip for
     /// the versions' digests, and a second only for digests this host has not seen (a
     /// component's schema never changes, so each is read and compiled once per host).
+    ///
+    /// A spec naming a version still compiling (`name@n`, or `name` whose only version
+    /// is) waits for its compile, up to [`COMPILE_WAIT`]: its input schema is not known
+    /// before. A version that failed is not registered.
     pub async fn registered(&self, specs: Vec<String>) -> Result<KnownPlugins, ApiError> {
         if specs.is_empty() {
             return Ok(KnownPlugins::default());
         }
+        let deadline = std::time::Instant::now() + COMPILE_WAIT;
+        // Bounded by the deadline; the count only guards against a clock that stands still.
+        for _ in 0..10_000 {
+            match self.registered_once(&specs).await? {
+                Ok(known) => return Ok(known),
+                Err(compiling) if std::time::Instant::now() < deadline => {
+                    tracing::debug!(plugin = %compiling, "waiting for a plugin to compile");
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+                Err(compiling) => {
+                    return Err(ApiError::new(
+                        http::StatusCode::SERVICE_UNAVAILABLE,
+                        "plugin_compiling",
+                        format!("plugin `{compiling}` is still compiling after its upload; try again shortly"),
+                    ))
+                }
+            }
+        }
+        Err(ApiError::new(
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            "plugin_compiling",
+            "a plugin is still compiling after its upload; try again shortly",
+        ))
+    }
+
+    /// One look at the registry for [`Registry::registered`]: Err(spec) when a spec
+    /// names a version still compiling.
+    async fn registered_once(
+        &self,
+        specs: &[String],
+    ) -> Result<Result<KnownPlugins, String>, ApiError> {
         let keys: Vec<String> = specs
             .iter()
             .map(|spec| match split_spec(spec) {
@@ -396,21 +468,38 @@ impl Registry {
             .collect();
         let mut pipe = redis::pipe();
         for key in &keys {
-            pipe.hget(key, "digest");
+            pipe.cmd("HMGET").arg(key).arg("digest").arg("state");
         }
         let mut conn = self.conn.clone();
-        let digests: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+        let found: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
         let mut known = KnownPlugins::default();
         let mut unseen = Vec::new();
-        {
-            let cache = self.validators.lock().expect("validators");
-            for ((spec, key), digest) in specs.into_iter().zip(keys).zip(digests) {
-                let Some(digest) = digest else { continue };
-                match cache.get(&digest) {
-                    Some(validator) => {
-                        known.0.insert(spec, validator.clone());
+        for ((spec, key), (digest, state)) in specs.iter().zip(keys).zip(found) {
+            match (digest, PluginState::from_field(state.as_deref())) {
+                (_, PluginState::Compiling) => return Ok(Err(spec.clone())),
+                (Some(_), PluginState::Failed) => {}
+                (Some(digest), PluginState::Ready) => {
+                    let cached = self
+                        .validators
+                        .lock()
+                        .expect("validators")
+                        .get(&digest)
+                        .cloned();
+                    match cached {
+                        Some(validator) => {
+                            known.0.insert(spec.clone(), validator);
+                        }
+                        None => unseen.push((spec.clone(), key, digest)),
                     }
-                    None => unseen.push((spec, key, digest)),
+                }
+                (None, _) => {
+                    // A new name whose first version is still compiling has no latest yet.
+                    if let Ok((name, None)) = split_spec(spec) {
+                        let newest = self.newest(name).await?;
+                        if newest.is_some_and(|m| m.state == PluginState::Compiling) {
+                            return Ok(Err(spec.clone()));
+                        }
+                    }
                 }
             }
         }
@@ -430,7 +519,7 @@ impl Registry {
                 known.0.insert(spec, validator);
             }
         }
-        Ok(known)
+        Ok(Ok(known))
     }
 
     /// The component bytes of a digest.
@@ -446,7 +535,8 @@ impl Registry {
         Ok(conn.hgetall(self.key("plugin-versions")).await?)
     }
 
-    /// Every plugin's latest version, by name.
+    /// Every plugin's newest version, by name: the latest one, or a newer one still
+    /// compiling or failed.
     pub async fn list(&self) -> Result<Vec<PluginMeta>, ApiError> {
         let mut conn = self.conn.clone();
         let mut names: Vec<String> = conn.smembers(self.key("plugins")).await?;
@@ -459,16 +549,34 @@ impl Registry {
             pipe.hgetall(self.latest_key(name));
         }
         let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut conn).await?;
-        Ok(hashes.iter().filter_map(PluginMeta::from_hash).collect())
+        let counters = self.version_counters().await?;
+        let mut out = Vec::new();
+        for (name, hash) in names.iter().zip(&hashes) {
+            let latest = PluginMeta::from_hash(hash);
+            let last: Option<u32> = counters.get(name).and_then(|n| n.parse().ok());
+            let behind = match (&latest, last) {
+                (Some(l), Some(n)) => n > l.version,
+                (None, _) => true,
+                _ => false,
+            };
+            // Only a name with an upload newer than its latest needs a second read.
+            let meta = if behind {
+                self.newest(name).await?
+            } else {
+                latest
+            };
+            out.extend(meta);
+        }
+        Ok(out)
     }
 
     /// Every version of `name`, oldest first (empty when unknown).
     pub async fn versions(&self, name: &str) -> Result<Vec<PluginMeta>, ApiError> {
-        let Some(latest) = self.resolve(name).await? else {
+        let Some(newest) = self.newest(name).await? else {
             return Ok(Vec::new());
         };
         let mut pipe = redis::pipe();
-        for v in 1..=latest.version {
+        for v in 1..=newest.version {
             pipe.hgetall(self.version_key(name, v));
         }
         let mut conn = self.conn.clone();

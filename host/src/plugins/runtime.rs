@@ -27,7 +27,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 
 use super::bindings::kairos::plugin0_1_0::types as wit;
 use super::bindings::ActionPre;
-use super::registry::{PluginMeta, Registry};
+use super::registry::{PluginMeta, PluginState, Registry};
 use super::sandbox::{LogSink, Outbound, PluginClient, Sandbox, MAX_LOG_BYTES};
 use crate::actions::Fence;
 use crate::bookings::Bookings;
@@ -621,6 +621,14 @@ impl PluginRuntime {
         };
         latest.sort_by_key(|m| std::cmp::Reverse(m.uploaded_at_ms));
         for meta in latest.iter().take(MAX_RESIDENT_COMPONENTS) {
+            match meta.state {
+                PluginState::Failed => continue,
+                PluginState::Compiling => {
+                    self.finish_compile(meta).await;
+                    continue;
+                }
+                PluginState::Ready => {}
+            }
             let started = std::time::Instant::now();
             match self.load(&meta.digest).await {
                 Ok(_) => tracing::info!(
@@ -637,6 +645,40 @@ impl PluginRuntime {
                     "cannot prepare a plugin; its first run will try again"
                 ),
             }
+        }
+    }
+
+    /// Compiles a version registered `compiling` and ends it (ready with its input
+    /// schema, or failed): the uploading host does so when its compile ends, and every
+    /// host that warms it does the same, so that a version whose uploading host stopped
+    /// meanwhile is ended all the same. Whichever ends it first writes it.
+    async fn finish_compile(&self, meta: &PluginMeta) {
+        let bytes = match self.registry().bytes(&meta.digest).await {
+            Ok(Some(bytes)) => bytes,
+            Ok(None) => return,
+            Err(e) => {
+                tracing::debug!(plugin = %meta.name, error = %e.message, "cannot read a plugin to compile");
+                return;
+            }
+        };
+        let outcome = self
+            .check(&meta.digest, bytes, meta.memory_mb, meta.timeout_ms)
+            .await
+            .map(|c| c.input_schema);
+        let written = self
+            .registry()
+            .promote(
+                &meta.name,
+                meta.version,
+                &meta.digest,
+                outcome
+                    .as_ref()
+                    .map(|s| s.as_deref())
+                    .map_err(String::as_str),
+            )
+            .await;
+        if let Ok(true) = written {
+            tracing::info!(plugin = %meta.name, version = meta.version, ready = outcome.is_ok(), "plugin compile ended here");
         }
     }
 
@@ -853,6 +895,8 @@ impl PluginRuntime {
             uploaded_at: String::new(),
             uploaded_at_ms: 0,
             input_schema: None,
+            state: PluginState::Ready,
+            error: None,
         };
         let (result, mut logs, _) = self
             .call_export(pre, &meta, &Fence::default(), false, Export::InputSchema)
