@@ -178,7 +178,15 @@ async fn run() {
     };
     for (name, file) in [("noop", "noop"), ("http-forward", "http_forward")] {
         registry
-            .put(name, &wasm(file), None, &limits, "", 0)
+            .put(
+                name,
+                &wasm(file),
+                None,
+                kairos::plugins::registry::PluginState::Ready,
+                &limits,
+                "",
+                0,
+            )
             .await
             .unwrap();
     }

@@ -183,26 +183,39 @@ pub(super) fn life(value: &Value) -> String {
         return out;
     }
     out.push_str("\nruns, newest first:\n");
-    let mut table = Table::new(&[
-        "STARTED", "PLAN", "ATTEMPT", "OUTCOME", "STATUS", "DURATION", "HOST", "ERROR",
-    ]);
-    for r in &runs {
-        table.row(vec![
-            text(&r["started_at"]),
-            text(&r["plan"]),
+    out.push_str(&runs_table(
+        &runs,
+        &[("STARTED", "started_at"), ("PLAN", "plan")],
+    ));
+    out
+}
+
+/// Runs (of a Life, a timer or a queue task) as a table: the `lead` columns (heading,
+/// field), then attempt, outcome, status, duration, host and error (for a timer's
+/// skipped slots, how many and why).
+pub(super) fn runs_table(runs: &[Value], lead: &[(&'static str, &str)]) -> String {
+    let mut headings: Vec<&'static str> = lead.iter().map(|(h, _)| *h).collect();
+    headings.extend(["ATTEMPT", "OUTCOME", "STATUS", "DURATION", "HOST", "ERROR"]);
+    let mut table = Table::new(&headings);
+    for r in runs {
+        let error = match r["skipped"].as_i64() {
+            Some(n) => format!("{n} slot(s) skipped: {}", text(&r["reason"])),
+            None => text(&r["error"]),
+        };
+        let mut row: Vec<String> = lead.iter().map(|(_, field)| text(&r[*field])).collect();
+        row.extend([
             text(&r["attempt"]),
             text(&r["outcome"]),
             text(&r["status"]),
-            match r["duration_ms"].as_i64() {
-                Some(ms) => format!("{ms} ms"),
-                None => "-".into(),
-            },
+            r["duration_ms"]
+                .as_i64()
+                .map_or("-".into(), |ms| format!("{ms} ms")),
             text(&r["host"]),
-            text(&r["error"]),
+            error,
         ]);
+        table.row(row);
     }
-    out.push_str(&table.render());
-    out
+    table.render()
 }
 
 /// An action in a few words: `POST /hook`, `plugin chat-notify@2`.

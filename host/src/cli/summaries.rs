@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::print::{action_summary, text, Table};
+use super::print::{action_summary, runs_table, text, Table};
 
 /// The longest error a table cell shows; the JSON has it whole.
 const ERROR_CELL: usize = 60;
@@ -94,28 +94,21 @@ pub(super) fn timer_runs(value: &Value) -> String {
     if runs.is_empty() {
         return format!("timer {} has no runs yet\n", text(&value["name"]));
     }
-    let mut table = Table::new(&[
-        "SLOT", "STARTED", "ATTEMPT", "OUTCOME", "STATUS", "DURATION", "HOST", "ERROR",
-    ]);
-    for r in &runs {
-        let error = match r["skipped"].as_i64() {
-            Some(n) => format!("{n} slot(s) skipped: {}", text(&r["reason"])),
-            None => text(&r["error"]),
-        };
-        table.row(vec![
-            text(&r["should_run_at"]),
-            text(&r["started_at"]),
-            text(&r["attempt"]),
-            text(&r["outcome"]),
-            text(&r["status"]),
-            r["duration_ms"]
-                .as_i64()
-                .map_or("-".into(), |ms| format!("{ms} ms")),
-            text(&r["host"]),
-            cut(error),
-        ]);
-    }
-    table.render()
+    let runs: Vec<Value> = runs
+        .into_iter()
+        .map(|mut r| {
+            // Long errors are cut to keep one line a run.
+            let cut_error = cut(text(&r["error"]));
+            if r["error"].is_string() {
+                r["error"] = Value::String(cut_error);
+            }
+            r
+        })
+        .collect();
+    runs_table(
+        &runs,
+        &[("SLOT", "should_run_at"), ("STARTED", "started_at")],
+    )
 }
 
 /// `kairos queues show NAME`.
@@ -239,10 +232,15 @@ pub(super) fn task(value: &Value) -> String {
     if !value["payload"].is_null() {
         out.push_str(&format!("payload      {}\n", value["payload"]));
     }
-    let run = &value["last_run"];
-    if run.is_object() {
-        out.push_str("\nlast run:\n");
-        out.push_str(&timer_runs(&serde_json::json!({"items": [run]})));
+    // Its attempts (GET of one task), else its last run (a task of a list).
+    let runs = match value["runs"].as_array() {
+        Some(runs) => runs.clone(),
+        None if value["last_run"].is_object() => vec![value["last_run"].clone()],
+        None => Vec::new(),
+    };
+    if !runs.is_empty() {
+        out.push_str("\nruns, newest first:\n");
+        out.push_str(&runs_table(&runs, &[("STARTED", "started_at")]));
     }
     out
 }
@@ -337,6 +335,26 @@ mod tests {
         assert_eq!(
             tasks(&json!({"queue": "mail", "items": []})),
             "no tasks in queue mail\n"
+        );
+        let shown = json!({"queue": "q", "name": "t1", "state": "Failed", "attempts": 2,
+            "runs": [{"started_at": "S2", "attempt": 2, "outcome": "failed", "status": 500, "duration_ms": 3, "host": "h", "error": "boom"},
+                     {"started_at": "S1", "attempt": 1, "outcome": "retry", "status": 503, "duration_ms": 4, "host": "h"}]});
+        let out = task(&shown);
+        let runs: Vec<&str> = out
+            .split("runs, newest first:\n")
+            .nth(1)
+            .unwrap()
+            .lines()
+            .collect();
+        assert_eq!(runs.len(), 3, "{out}");
+        assert!(runs[0].starts_with("STARTED  ATTEMPT  OUTCOME"), "{out}");
+        assert!(
+            runs[1].starts_with("S2       2        failed   500") && runs[1].ends_with("boom"),
+            "{out}"
+        );
+        assert!(
+            runs[2].starts_with("S1       1        retry    503"),
+            "{out}"
         );
         let pending = json!({"queue": "q", "items": [{"name": "a", "state": "Pending", "eta": "E", "attempts": 0, "tag": "t"}]});
         assert!(tasks(&pending).starts_with("TASK  STATE    ETA  ATTEMPTS  LAST  ACTION\na     Pending  E    0         -     tag t\n"));
