@@ -35,7 +35,7 @@ use crate::plugins::runtime::MAX_MEMORY_MB;
 /// under [`SMALL_COMPONENT`] (a Rust plugin: well under a second to compile) is waited
 /// for up to [`SMALL_UPLOAD_WAIT`] instead, so that on a loaded machine an unusable one
 /// is still refused with a 400 rather than registered and marked `failed`.
-const UPLOAD_WAIT: Duration = Duration::from_millis(1500);
+const UPLOAD_WAIT: Duration = Duration::from_millis(1000);
 const SMALL_COMPONENT: usize = 4 << 20;
 const SMALL_UPLOAD_WAIT: Duration = Duration::from_secs(20);
 

@@ -291,8 +291,9 @@ pub(crate) struct LifePage {
     items: Vec<LifeSummary>,
     /// Give it as `cursor` for the next page; null on the last.
     next_cursor: Option<String>,
-    /// How many Lives the filters match in all, exact; null where that is not known
-    /// without reading them (a time range, an outcome, or a state with a resource).
+    /// How many Lives the filters match in all, exact, on the first page (no `cursor`);
+    /// null on later pages and where that is not known without reading them (a time
+    /// range, an outcome, or a state with a resource).
     total: Option<u64>,
 }
 

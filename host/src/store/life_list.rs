@@ -47,7 +47,8 @@ pub struct ListFilter {
 pub struct Page {
     pub items: Vec<Value>,
     pub next_cursor: Option<String>,
-    /// How many the filters match in all, where that is known without reading them.
+    /// How many the filters match in all, where that is known without reading them (on
+    /// the first page).
     pub total: Option<u64>,
 }
 
@@ -140,9 +141,17 @@ impl Store {
             Some((shard, _)) => vec![*shard],
             None => (0..self.shard_count()).collect(),
         };
-        let census = self.census_sum(&shards).await?;
+        let filtered = filter.state.is_some() || filter.outcome.is_some();
+        // The census is read for the first page's total and for a filter; a next page
+        // of the plain listing reads only the Lives.
+        let first_page = filter.cursor.is_none();
+        let census = if first_page || filtered {
+            self.census_sum(&shards).await?
+        } else {
+            HashMap::new()
+        };
         let count = |state: &str| census.get(state).copied().unwrap_or(0);
-        let in_range = filter.from_ms.is_none() && filter.to_ms.is_none();
+        let in_range = first_page && filter.from_ms.is_none() && filter.to_ms.is_none();
         let total = match (&resource, filter.state.as_deref(), filter.outcome) {
             (None, None, None) if in_range => Some(census.values().sum()),
             (None, Some(state), None) if in_range => Some(count(state)),
@@ -161,7 +170,6 @@ impl Store {
                 total: Some(0),
             });
         }
-        let filtered = filter.state.is_some() || filter.outcome.is_some();
         let want = filter.limit.max(1);
         // Lives read per shard and pass: the page spread over the shards, with room.
         let per_shard = (2 * want / shards.len() + 4).min(1000);

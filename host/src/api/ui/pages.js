@@ -141,9 +141,10 @@ async function schedules(view, ctx) {
     from: q.get('from'), to: q.get('to'), order: q.get('order'),
     limit: q.get('limit') || 50, cursor: q.get('cursor'),
   };
-  // `total`: how many match in all, where the server knows it without reading them.
+  // `total`: how many match in all, where the server knows it without reading them; the
+  // first page's is carried along the next pages' links.
   const page = await api('GET', '/schedules', { query });
-  const total = page.total ?? null;
+  const total = page.total ?? (q.get('total') ? Number(q.get('total')) : null);
 
   const select = (name, id, any, values) => {
     const el = h('select', { name, id }, h('option', { value: '' }, any), values.map((v) => h('option', { value: v }, v)));
@@ -182,8 +183,10 @@ async function schedules(view, ctx) {
     h('td', {}, when(l.birth_time, l.birth_time_ms)), h('td', {}, l.death_time ? when(l.death_time, l.death_time_ms) : '')));
   const next = new URLSearchParams(q);
   if (page.next_cursor) next.set('cursor', page.next_cursor);
+  if (total !== null) next.set('total', String(total));
   const first = new URLSearchParams(q);
   first.delete('cursor');
+  first.delete('total');
   fill(view,
     heading('Schedules', refreshTools(ctx)),
     filters,
