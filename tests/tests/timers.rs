@@ -1124,6 +1124,7 @@ async fn timer_queries_that_do_not_parse_are_400() {
         "/timers/yearly/runs?limit=abc",
         "/timers/yearly/runs?limit=-3",
         "/timers/yearly/runs?count=3",
+        "/timers/yearly/runs?outcome=nope",
         "/timers/yearly?preview=many",
         "/timers/yearly?preview=101",
         "/timers/yearly?previews=3",
@@ -1252,5 +1253,56 @@ async fn a_next_run_patched_after_a_run_now_stands_until_it_fires() {
         sink.received().len(),
         240,
         "one call per run-now, none at the patched times"
+    );
+}
+
+/// A timer's runs filter on their outcome: its failures, newest first, among the runs
+/// kept (issue 29: failures that show).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timers_runs_filter_on_their_outcome() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    // Every other run fails for good (no retries).
+    sink.answer(&[500, 200, 500, 200, 500, 200]);
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let mut body = timer("flaky", "* * * * * *", "flaky");
+    body["retries"] = json!(0);
+    let (status, reply) = api.post("/timers", &body).await;
+    assert_eq!(status, 200, "{reply}");
+    sink.wait_until("six runs", Duration::from_secs(15), |got| got.len() >= 6)
+        .await;
+    let (status, _) = api.post("/timers/flaky/deactivate", &json!({})).await;
+    assert_eq!(status, 200);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let all = runs(&api, "flaky").await;
+    let failed_all = all.iter().filter(|r| r["outcome"] == "failed").count();
+    assert!(failed_all >= 3, "{all:#?}");
+    let (status, reply) = api.get("/timers/flaky/runs?outcome=failed&limit=200").await;
+    assert_eq!(status, 200, "{reply}");
+    let failed = reply["items"].as_array().unwrap();
+    assert_eq!(failed.len(), failed_all, "{reply:#}");
+    assert!(failed
+        .iter()
+        .all(|r| r["outcome"] == "failed" && r["status"] == 500));
+    let started: Vec<i64> = failed
+        .iter()
+        .map(|r| r["started_at_ms"].as_i64().unwrap())
+        .collect();
+    assert!(
+        started.windows(2).all(|w| w[0] >= w[1]),
+        "newest first: {started:?}"
+    );
+    let (_, one) = api.get("/timers/flaky/runs?outcome=failed&limit=1").await;
+    assert_eq!(one["items"].as_array().unwrap().len(), 1, "{one}");
+    assert_eq!(one["items"][0], failed[0]);
+    let (_, ok) = api.get("/timers/flaky/runs?outcome=success").await;
+    assert!(
+        ok["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["outcome"] == "success"),
+        "{ok}"
     );
 }

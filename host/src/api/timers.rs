@@ -532,44 +532,79 @@ pub(crate) struct TimerListQuery {
     cursor: Option<String>,
 }
 
-/// `?limit=N` of a list.
+/// `?limit=N&outcome=` of a timer's runs.
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 #[into_params(parameter_in = Query)]
-pub(crate) struct LimitQuery {
+pub(crate) struct RunsQuery {
     /// How many, newest first (at most as many as are kept).
     #[param(minimum = 0)]
     pub(crate) limit: Option<u32>,
+    /// Only the runs that ended so (`failed`: its failures), among the last 200 kept.
+    #[param(value_type = Option<super::views::RunOutcome>)]
+    pub(crate) outcome: Option<String>,
 }
+
+/// The words of a run's `outcome`.
+const RUN_OUTCOMES: [&str; 8] = [
+    "success",
+    "retry",
+    "failed",
+    "skipped",
+    "interrupted",
+    "cancelled",
+    "expired",
+    "invalidated",
+];
 
 /// A timer's recent runs: should-have-run-at, started-at, duration, host, outcome.
 #[utoipa::path(
     get,
     path = "/timers/{name}/runs",
     tag = "timers",
-    params(("name" = String, Path, description = "The timer's name."), LimitQuery),
+    params(("name" = String, Path, description = "The timer's name."), RunsQuery),
     responses(
         (status = 200, description = "Its runs, newest first.", body = TimerRuns),
-        (status = 400, description = "Not a timer name, or a limit that is not a number.", body = ErrorBody),
+        (status = 400, description = "Not a timer name, a limit that is not a number, or an outcome that is none (`invalid_query`).", body = ErrorBody),
         (status = 404, description = "No such timer.", body = ErrorBody),
     )
 )]
 pub(crate) async fn timer_runs(
     State(app): State<Shared>,
     Path(name): Path<String>,
-    Query(query): Query<LimitQuery>,
+    Query(query): Query<RunsQuery>,
 ) -> Result<Json<Value>, ApiError> {
     check_name("timer name", &name, 100)?;
     let limit = (query.limit.unwrap_or(50) as usize).clamp(1, store::TIMER_RUNS_KEPT);
+    if let Some(word) = query.outcome.as_deref() {
+        if !RUN_OUTCOMES.contains(&word) {
+            return Err(ApiError::bad_request(
+                "invalid_query",
+                format!("outcome `{word}` is not one of {}", RUN_OUTCOMES.join(", ")),
+            ));
+        }
+    }
     if app.store.timer_load(&name).await?.is_none() {
         return Err(not_found(&name));
     }
     let tz = app.config.timezone;
+    // With an outcome, every run kept is read and the newest that match are answered.
+    let read = match query.outcome {
+        Some(_) => store::TIMER_RUNS_KEPT,
+        None => limit,
+    };
     let items: Vec<Value> = app
         .store
-        .timer_runs(&name, limit)
+        .timer_runs(&name, read)
         .await?
         .into_iter()
+        .filter(|r| {
+            query
+                .outcome
+                .as_deref()
+                .is_none_or(|o| r.get("outcome").and_then(Value::as_str) == Some(o))
+        })
+        .take(limit)
         .map(|mut r| {
             // As in a Life's history: `name` the time as text, `name_ms` in epoch ms.
             for field in ["should_run_at", "started_at", "last_should_run_at"] {
