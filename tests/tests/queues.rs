@@ -919,7 +919,12 @@ async fn task_lists_page_either_way_with_totals() {
         .map(|t| t["name"].as_str().unwrap())
         .collect();
     assert_eq!(names, vec!["w03", "w04", "w05"], "{next}");
-    for bad in ["/queues/pg/failed?cursor=nope", "/queues/pg/tasks?order=up"] {
+    for bad in [
+        "/queues/pg/failed?cursor=nope",
+        "/queues/pg/failed?cursor=NaN:f1",
+        "/queues/pg/tasks?cursor=inf:w01",
+        "/queues/pg/tasks?order=up",
+    ] {
         let (status, reply) = api.get(bad).await;
         assert_eq!(status, 400, "{bad}: {reply}");
     }

@@ -275,7 +275,7 @@ pub(crate) async fn list_of(
         Some(cursor) => {
             let (score, name) = cursor
                 .split_once(':')
-                .filter(|(score, _)| score.parse::<f64>().is_ok())
+                .filter(|(score, _)| score.parse::<f64>().is_ok_and(f64::is_finite))
                 .ok_or_else(|| bad("invalid_cursor", "the cursor is not one this list gave"))?;
             Some((score.to_string(), name.to_string()))
         }
