@@ -1,6 +1,8 @@
 //! WebAssembly action plugins (SPEC section 7).
 //!
-//! - `registry`: names, versions, limits and component bytes in Redis;
+//! - `registry`: names, versions (and their compile state), limits and component bytes
+//!   in Redis; its scripts in `scripts/`;
+//! - `input`: input schemas, compiled once per digest, and the check of a booking's input;
 //! - `runtime`: the wasmtime engine, compile cache, one fresh sandboxed store per run;
 //! - `sandbox`: what a run can touch (logs, follow-up bookings, policed outbound HTTP);
 //! - `local`: one run of a component file with no Redis (`kairos plugins run`).
@@ -11,6 +13,7 @@
 //! `kairos:plugin/action`, 0.2.0, and 0.1.0 before it); `guest-sdk/` wraps it for
 //! Rust, JavaScript and Python.
 
+pub mod input;
 pub mod local;
 pub mod registry;
 pub mod runtime;
