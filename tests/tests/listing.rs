@@ -361,3 +361,48 @@ async fn swept_failures_leave_the_failures_list() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// A time range starting at a time many Lives share: the tree leaf that holds them may
+/// begin in the middle of that time (a leaf splits at 120), and the Lives at that time
+/// before the split point must be listed too (found in review: the first page started at
+/// the split).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_from_a_crowded_time_lists_every_life_at_it() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[("--shards", "1")]));
+    let api = Api::new(&host);
+    let at = 1_925_000_000_000i64;
+    let mut want: Vec<String> = (0..300).map(|i| format!("same-{i:03}")).collect();
+    for chunk in want.chunks(100) {
+        let bookings: Vec<Value> = chunk.iter().map(|id| point(id, at, hook(id))).collect();
+        let (status, answer) = api
+            .post("/schedules/batch", &json!({"bookings": bookings}))
+            .await;
+        assert_eq!((status, &answer["refused"]), (200, &json!(0)), "{answer}");
+    }
+    // One earlier and one later Life around them.
+    book(&api, &point("before", at - 1, hook("before"))).await;
+    book(&api, &point("after", at + 1, hook("after"))).await;
+    want.sort();
+    for limit in [7, 1000] {
+        assert_eq!(
+            walk(&api, &format!("/schedules?from={at}&to={at}"), limit).await,
+            want
+        );
+        let mut desc = want.clone();
+        desc.reverse();
+        assert_eq!(
+            walk(
+                &api,
+                &format!("/schedules?from={at}&to={at}&order=desc"),
+                limit
+            )
+            .await,
+            desc
+        );
+    }
+    let from_at = walk(&api, &format!("/schedules?from={at}"), 50).await;
+    assert_eq!(from_at.len(), 301, "the 300 and `after`");
+    assert_eq!(from_at.last().map(String::as_str), Some("after"));
+}

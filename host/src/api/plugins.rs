@@ -246,8 +246,11 @@ async fn upload_plugin(
                 )
                 .await;
             match (&outcome, written) {
-                (Ok(_), Ok(_)) => tracing::info!(plugin = %name, version, "plugin compiled; ready"),
-                (Err(why), Ok(_)) => {
+                (_, Ok(false)) => {}
+                (Ok(_), Ok(true)) => {
+                    tracing::info!(plugin = %name, version, "plugin compiled; ready")
+                }
+                (Err(why), Ok(true)) => {
                     tracing::warn!(plugin = %name, version, error = %why, "an uploaded plugin cannot be used")
                 }
                 (_, Err(e)) => {

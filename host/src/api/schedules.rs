@@ -406,9 +406,10 @@ pub(crate) async fn patch_schedule(
             return Err(ApiError::not_found(format!("no Life `{life_uuid}`")));
         };
         // The table's order: the body's own checks (400, 406) before conflicts (409).
-        let now_ms = app.clock.now_ms();
         let request: BookingRequest = booking::parse_request(&body)?;
+        // Read after the plugins: naming a version still compiling waits for it.
         let known = app.bookings.registered_plugins(&request).await?;
+        let now_ms = app.clock.now_ms();
         let merged = request.merge_into(&current, &app.bookings.rules(now_ms, &known))?;
         if state
             .parse::<crate::model::LifeState>()

@@ -5,7 +5,8 @@
 //! - `plugin:{name}`: hash of the latest version (`version`, `digest`, `size`,
 //!   `allowed_hosts`, `memory_mb`, `timeout_ms`, `uploaded_at`, `uploaded_at_ms`, and
 //!   `input_schema` when the component declares one);
-//! - `plugin:{name}:v{n}`: the same hash for every version, never changed once written;
+//! - `plugin:{name}:v{n}`: the same hash for every version, changed only when a version
+//!   that answered its upload before its compile ended (`state` `compiling`) is ended;
 //! - `wasm:{sha256}`: the component's bytes, shared by every version with that digest;
 //! - `wasm-refs`: hash of digest → number of versions that use it;
 //! - `plugin-versions`: hash of name → the last version ever given to it, kept through a
@@ -485,6 +486,42 @@ impl Registry {
             out.extend(meta);
         }
         Ok(out)
+    }
+
+    /// Versions still compiling behind a newer upload of their name (the newest version
+    /// of each name is in [`Registry::list`]): their compile is ended by whichever host
+    /// warms them, so that one whose uploading host died does not stay `compiling`.
+    pub async fn compiling_behind(&self) -> Result<Vec<PluginMeta>, ApiError> {
+        let counters = self.version_counters().await?;
+        let names: Vec<&String> = counters.keys().collect();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.hget(self.latest_key(name), "version");
+        }
+        let mut conn = self.conn.clone();
+        let latest: Vec<Option<u32>> = pipe.query_async(&mut conn).await?;
+        let mut pipe = redis::pipe();
+        let mut any = false;
+        for (name, latest) in names.iter().zip(latest) {
+            let newest: u32 = counters[*name].parse().unwrap_or(0);
+            // Bounded: a name's versions between its latest ready one and its newest.
+            for v in (latest.unwrap_or(0) + 1..newest).take(100) {
+                pipe.hgetall(self.version_key(name, v));
+                any = true;
+            }
+        }
+        if !any {
+            return Ok(Vec::new());
+        }
+        let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut conn).await?;
+        Ok(hashes
+            .iter()
+            .filter_map(PluginMeta::from_hash)
+            .filter(|m| m.state == PluginState::Compiling)
+            .collect())
     }
 
     /// Every version of `name`, oldest first (empty when unknown).

@@ -37,6 +37,9 @@ use crate::outbound::OutboundPolicy;
 
 /// How often a host looks for new plugin versions to prepare.
 const WARM_EVERY: Duration = Duration::from_secs(1);
+/// A version compiling for longer than this was left so by an uploading host that
+/// stopped: any host that fails to compile it records the failure.
+const STALLED_COMPILE_MS: i64 = 120_000;
 /// How often the epoch advances; a spinning guest yields this often.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// The largest `memory_mb` an upload may ask for.
@@ -594,10 +597,19 @@ impl PluginRuntime {
     /// compiled and cached. At most [`MAX_RESIDENT_COMPONENTS`] plugins are kept warm.
     pub async fn keep_warm(self: Arc<Self>, mut shutdown: crate::engine::ShutdownSignal) {
         let mut seen = None;
+        // While a version is still compiling (its uploader may have stopped), the pass
+        // is made again now and then even with no new upload.
+        let mut compiling_since: Option<std::time::Instant> = None;
         loop {
             match self.registry().version_counters().await {
-                Ok(counters) if Some(&counters) != seen.as_ref() => {
-                    self.warm_latest().await;
+                Ok(counters)
+                    if Some(&counters) != seen.as_ref()
+                        || compiling_since.is_some_and(|at| {
+                            at.elapsed() > Duration::from_millis(STALLED_COMPILE_MS as u64 / 2)
+                        }) =>
+                {
+                    let compiling = self.warm_latest().await;
+                    compiling_since = compiling.then(std::time::Instant::now);
                     seen = Some(counters);
                 }
                 Ok(_) => {}
@@ -610,21 +622,30 @@ impl PluginRuntime {
         }
     }
 
-    /// Loads the latest version of every plugin (the newest uploads first).
-    async fn warm_latest(&self) {
+    /// Loads the latest version of every plugin (the newest uploads first), and ends the
+    /// compile of those still compiling; true when one still is.
+    async fn warm_latest(&self) -> bool {
         let mut latest = match self.registry().list().await {
             Ok(list) => list,
             Err(e) => {
                 tracing::debug!(error = %e.message, "cannot list the plugins to warm");
-                return;
+                return false;
             }
         };
+        // Versions still compiling behind a newer upload are ended too.
+        match self.registry().compiling_behind().await {
+            Ok(behind) => latest.extend(behind),
+            Err(e) => {
+                tracing::debug!(error = %e.message, "cannot read the versions still compiling")
+            }
+        }
         latest.sort_by_key(|m| std::cmp::Reverse(m.uploaded_at_ms));
+        let mut still_compiling = false;
         for meta in latest.iter().take(MAX_RESIDENT_COMPONENTS) {
             match meta.state {
                 PluginState::Failed => continue,
                 PluginState::Compiling => {
-                    self.finish_compile(meta).await;
+                    still_compiling |= !self.finish_compile(meta).await;
                     continue;
                 }
                 PluginState::Ready => {}
@@ -646,25 +667,37 @@ impl PluginRuntime {
                 ),
             }
         }
+        still_compiling
     }
 
     /// Compiles a version registered `compiling` and ends it (ready with its input
     /// schema, or failed): the uploading host does so when its compile ends, and every
     /// host that warms it does the same, so that a version whose uploading host stopped
-    /// meanwhile is ended all the same. Whichever ends it first writes it.
-    async fn finish_compile(&self, meta: &PluginMeta) {
+    /// meanwhile is ended all the same. Whichever ends it first writes it. True when it
+    /// is ended (here or elsewhere), false when it is left compiling.
+    async fn finish_compile(&self, meta: &PluginMeta) -> bool {
         let bytes = match self.registry().bytes(&meta.digest).await {
             Ok(Some(bytes)) => bytes,
-            Ok(None) => return,
+            Ok(None) => return true,
             Err(e) => {
                 tracing::debug!(plugin = %meta.name, error = %e.message, "cannot read a plugin to compile");
-                return;
+                return false;
             }
         };
         let outcome = self
             .check(&meta.digest, bytes, meta.memory_mb, meta.timeout_ms)
             .await
             .map(|c| c.input_schema);
+        // A failure here may be this host's alone (its input-schema call timed out on a
+        // loaded machine): the uploading host records failures; another host does only
+        // once the version has been compiling for long enough that its uploader has
+        // surely stopped.
+        let stalled =
+            chrono::Utc::now().timestamp_millis() - meta.uploaded_at_ms > STALLED_COMPILE_MS;
+        if let (Err(why), false) = (&outcome, stalled) {
+            tracing::debug!(plugin = %meta.name, version = meta.version, error = %why, "a plugin failed to compile here; its uploading host records it");
+            return false;
+        }
         let written = self
             .registry()
             .promote(
@@ -677,8 +710,16 @@ impl PluginRuntime {
                     .map_err(String::as_str),
             )
             .await;
-        if let Ok(true) = written {
-            tracing::info!(plugin = %meta.name, version = meta.version, ready = outcome.is_ok(), "plugin compile ended here");
+        match written {
+            Ok(true) => {
+                tracing::info!(plugin = %meta.name, version = meta.version, ready = outcome.is_ok(), "plugin compile ended here");
+                true
+            }
+            Ok(false) => true,
+            Err(e) => {
+                tracing::debug!(plugin = %meta.name, error = %e.message, "cannot record a plugin's compile");
+                false
+            }
         }
     }
 

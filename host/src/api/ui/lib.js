@@ -263,15 +263,18 @@ function inZone(ms, which) {
 }
 
 /// A time as text in the chosen zone (`text` is the API's, in the host's zone).
+/// Whether `ms` is a time in epoch ms (not absent, not an unreadable text's NaN).
+const isMs = (ms) => ms !== undefined && ms !== null && ms !== '' && Number.isFinite(Number(ms));
+
 function timeText(text, ms) {
   const which = zone.get();
-  if (ms !== undefined && ms !== null && (which !== 'host' || !text)) return inZone(ms, which === 'host' ? 'utc' : which);
-  return String(text).replace('T', ' ').replace(/\.\d+/, '');
+  if (isMs(ms) && (which !== 'host' || !text)) return inZone(ms, which === 'host' ? 'utc' : which);
+  return String(text ?? '').replace('T', ' ').replace(/\.\d+/, '');
 }
 
 export function when(text, ms) {
-  if (!text && (ms === undefined || ms === null)) return h('span', { class: 'muted' }, '—');
-  const known = ms !== undefined && ms !== null;
+  if (!text && !isMs(ms)) return h('span', { class: 'muted' }, '—');
+  const known = isMs(ms);
   // The tooltip: the API's own text (the host's zone), whatever the zone shown.
   const title = text || inZone(ms, 'utc');
   return h('span', { title, class: 'time' }, timeText(text, ms),
@@ -279,7 +282,7 @@ export function when(text, ms) {
 }
 
 export function epochText(ms) {
-  return ms === undefined || ms === null ? '' : timeText(null, ms);
+  return isMs(ms) ? timeText(null, ms) : '';
 }
 
 /// The header's choice of time zone; choosing renders the page again.

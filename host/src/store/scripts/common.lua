@@ -231,6 +231,18 @@ end
 -- off this way may have reached its target: the attempt is written into the Plan's
 -- history as interrupted (with the host that ran it). (A Life's Plans are handed back
 -- through `inflight`: shard_release.lua.) The caller removes moved Plans from `held`.
+-- A queue task that runs again keeps its earlier attempts: the `last_run` a run replaces
+-- (a retry, a failure, a run cut off by a crash) goes into the task's hash as `run:{n}`
+-- (`run_seq` counts them), the last TASK_RUNS_KEPT of them.
+local TASK_RUNS_KEPT = 9
+local function keep_previous_run(pk)
+  local prev = redis.call('HGET', pk, 'last_run')
+  if not prev then return end
+  local n = redis.call('HINCRBY', pk, 'run_seq', 1)
+  redis.call('HSET', pk, 'run:' .. n, prev)
+  if n > TASK_RUNS_KEPT then redis.call('HDEL', pk, 'run:' .. (n - TASK_RUNS_KEPT)) end
+end
+
 local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
   local pk, pn = plan_of(plan_id)
   local f = redis.call('HMGET', pk, pn.state, pn.lease_owner, pn.fire_at_ms, pn.started_at_ms,
@@ -256,6 +268,7 @@ local function hand_back(plan_id, notify_before_ms, running_before_ms, claim)
       if queue then
         -- A queue task's run no longer counts against its queue's max_concurrent.
         leave_running(queue, plan_id .. '#' .. f[5], notify_before_ms)
+        keep_previous_run(pk)
         redis.call('HSET', pk, pn.last_run, record)
       else
         redis.call('LPUSH', PREFIX .. 'timer:' .. string.sub(plan_id, 1, -7) .. ':runs', record)
@@ -476,7 +489,14 @@ end
 local function tree_range(tree, min, after, max, limit)
   local out = {}
   if limit <= 0 then return out end
-  local entry = tree_entry(tree, min, after)
+  local entry
+  if after == '' then
+    -- Every member at MIN: the leaf before the first bound at MIN or past it (a leaf
+    -- may begin at (MIN, m) with members at MIN below m in the leaf before).
+    entry = redis.call('ZREVRANGEBYLEX', tree, '(' .. tree_bound(min, ''), '-', 'LIMIT', 0, 1)[1]
+  else
+    entry = tree_entry(tree, min, after)
+  end
   if not entry then
     local first = redis.call('ZRANGE', tree, 0, 0)
     entry = first[1]

@@ -18,17 +18,6 @@
 local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
 local out, done_ids = {}, {}
 
--- A task that runs again keeps its earlier attempts: the `last_run` a run replaces goes
--- into the task's hash as `run:{n}` (`run_seq` counts them), the last RUNS_KEPT of them.
-local RUNS_KEPT = 9
-local function keep_previous_run(pk)
-  local prev = redis.call('HGET', pk, 'last_run')
-  if not prev then return end
-  local n = redis.call('HINCRBY', pk, 'run_seq', 1)
-  redis.call('HSET', pk, 'run:' .. n, prev)
-  if n > RUNS_KEPT then redis.call('HDEL', pk, 'run:' .. (n - RUNS_KEPT)) end
-end
-
 local function apply(plan_id, claim, outcome, next_ms, status, err, word, record,
     callback, callback_record)
   local queue, task = string.match(plan_id, '^([^/]+)/(.*):task$')
