@@ -304,17 +304,24 @@ impl Registry {
         let mut conn = self.conn.clone();
         let last: Option<u32> = conn.hget(self.key("plugin-versions"), name).await?;
         let latest = self.resolve(name).await?;
-        let newer = match (last, &latest) {
-            (Some(n), Some(l)) if n > l.version => Some(n),
-            (Some(n), None) => Some(n),
-            _ => None,
-        };
-        match newer {
-            Some(n) => {
+        self.newer_than(name, latest, last).await
+    }
+
+    /// The version `last` of `name` (the last number given to it) when it is newer than
+    /// `latest`, the latest ready one; else `latest`. Only then is a second read made.
+    async fn newer_than(
+        &self,
+        name: &str,
+        latest: Option<PluginMeta>,
+        last: Option<u32>,
+    ) -> Result<Option<PluginMeta>, ApiError> {
+        match last {
+            Some(n) if latest.as_ref().is_none_or(|l| n > l.version) => {
+                let mut conn = self.conn.clone();
                 let hash: HashMap<String, String> = conn.hgetall(self.version_key(name, n)).await?;
                 Ok(PluginMeta::from_hash(&hash).or(latest))
             }
-            None => Ok(latest),
+            _ => Ok(latest),
         }
     }
 
@@ -470,20 +477,11 @@ impl Registry {
         let counters = self.version_counters().await?;
         let mut out = Vec::new();
         for (name, hash) in names.iter().zip(&hashes) {
-            let latest = PluginMeta::from_hash(hash);
             let last: Option<u32> = counters.get(name).and_then(|n| n.parse().ok());
-            let behind = match (&latest, last) {
-                (Some(l), Some(n)) => n > l.version,
-                (None, _) => true,
-                _ => false,
-            };
-            // Only a name with an upload newer than its latest needs a second read.
-            let meta = if behind {
-                self.newest(name).await?
-            } else {
-                latest
-            };
-            out.extend(meta);
+            out.extend(
+                self.newer_than(name, PluginMeta::from_hash(hash), last)
+                    .await?,
+            );
         }
         Ok(out)
     }
