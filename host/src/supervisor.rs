@@ -71,9 +71,12 @@ impl Engine {
         let every = (self.config.lease_ttl / 4).min(KEEP_EVERY_MAX);
         loop {
             let stopping = *shutdown.borrow();
+            // A quarter lease from one look's start to the next, however long a master
+            // that does not answer kept this one waiting.
+            let next = tokio::time::Instant::now() + every;
             self.keep_shards(stopping).await;
             tokio::select! {
-                _ = tokio::time::sleep(every) => {}
+                _ = tokio::time::sleep_until(next) => {}
                 _ = self.renew_now.notified() => {}
                 _ = until_shutdown(&mut stopped) => return,
             }
@@ -82,33 +85,15 @@ impl Engine {
 
     /// One look at the shards. Each shard's lease is renewed on its own, within a
     /// quarter lease: a master that does not answer costs the leases of its own shards,
-    /// never the others' (nor this look's next turn).
+    /// never the others' (nor this look's next turn). The host's announcement goes to
+    /// whichever master holds `hosts`, at the same time as the renewals and not before
+    /// them: while that master was down, each look waited a quarter lease for it first,
+    /// and the leases of every shard, renewed that much later from the look's start,
+    /// fell short of the quarter to spare that a run's fence asks for.
     pub(crate) async fn keep_shards(&self, stopping: bool) {
         let started_ms = crate::engine::wall_ms();
         let lease_ms = self.lease_ms();
         let patience = Duration::from_millis((lease_ms / 4).max(100) as u64);
-        let announced = tokio::time::timeout(
-            patience,
-            self.store
-                .announce_host(&self.host_id, started_ms, started_ms + lease_ms),
-        )
-        .await;
-        let live = match announced {
-            Ok(Ok(live)) => {
-                self.heard_from_redis(started_ms);
-                Some(live)
-            }
-            Ok(Err(e)) => {
-                self.store_failed();
-                tracing::warn!(error = %e, "cannot announce this host; renewing its leases all the same");
-                None
-            }
-            Err(_) => {
-                self.store_failed();
-                tracing::warn!("announcing this host timed out; renewing its leases all the same");
-                None
-            }
-        };
         // Renew every lease held, draining ones included (their runs are still going).
         let held: Vec<(u32, u64)> = self
             .shards
@@ -116,10 +101,33 @@ impl Engine {
             .into_iter()
             .map(|(s, o)| (s, o.gen))
             .collect();
-        let renewed = self
-            .store
-            .shard_renew(&self.host_id, &held, lease_ms, patience)
-            .await;
+        let (announced, renewed) = tokio::join!(
+            tokio::time::timeout(
+                patience,
+                self.store
+                    .announce_host(&self.host_id, started_ms, started_ms + lease_ms),
+            ),
+            self.store
+                .shard_renew(&self.host_id, &held, lease_ms, patience)
+        );
+        let live = match announced {
+            Ok(Ok(live)) => {
+                self.heard_from_redis(started_ms);
+                Some(live)
+            }
+            Ok(Err(e)) => {
+                self.store_failed();
+                tracing::warn!(error = %e, "cannot announce this host; its leases are renewed all the same");
+                None
+            }
+            Err(_) => {
+                self.store_failed();
+                tracing::warn!(
+                    "announcing this host timed out; its leases are renewed all the same"
+                );
+                None
+            }
+        };
         let mut failed = Vec::new();
         for ((shard, _), kept) in held.iter().zip(renewed) {
             match kept {

@@ -63,6 +63,10 @@ impl TempDir {
 
 impl Drop for TempDir {
     fn drop(&mut self) {
+        // KAIROS_E2E_KEEP=1 keeps every test's files (host logs, Redis data) to look at.
+        if std::env::var_os("KAIROS_E2E_KEEP").is_some() {
+            return;
+        }
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
