@@ -97,8 +97,10 @@ pub struct LifeRecord {
     pub birth_action: Action,
     #[serde(rename = "x", default, skip_serializing_if = "Option::is_none")]
     pub death_action: Option<Action>,
-    /// The runs, oldest first, the last [`RUNS_KEPT`] of each Plan.
-    #[serde(rename = "h", default, skip_serializing_if = "Vec::is_empty")]
+    /// The runs, oldest first, the last [`RUNS_KEPT`] of each Plan. Written by
+    /// [`LifeRecord::to_json`] itself, last, each run leaving out what the record implies
+    /// ([`RunWire`]).
+    #[serde(rename = "h", default, skip_serializing)]
     pub runs: Vec<RunEntry>,
 }
 
@@ -132,38 +134,157 @@ impl PlanRecord {
 }
 
 /// One run in a Life's history (the API shows it with long names: [`RunEntry::view`]).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// Stored as a [`RunWire`].
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(try_from = "RunWire")]
 pub struct RunEntry {
     /// `b` (birth) or `d` (death).
-    #[serde(rename = "p")]
     pub plan: String,
-    #[serde(rename = "n")]
     pub attempt: u32,
     /// When it should have run, ms.
-    #[serde(rename = "at")]
     pub should_run_at_ms: i64,
     /// When it started, ms.
-    #[serde(rename = "st")]
     pub started_at_ms: i64,
-    #[serde(rename = "ms")]
     pub duration_ms: i64,
-    #[serde(rename = "h")]
     pub host: String,
     /// `success`, `retry`, `failed`, `invalidated`, `interrupted`.
-    #[serde(rename = "o")]
     pub outcome: String,
-    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
     pub status: Option<i64>,
-    #[serde(rename = "e", default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
     /// What a plugin returned, and its log lines.
-    #[serde(rename = "out", default, skip_serializing_if = "Option::is_none")]
     pub output: Option<Value>,
-    #[serde(rename = "log", default, skip_serializing_if = "Vec::is_empty")]
     pub logs: Vec<String>,
-    #[serde(rename = "ra", default, skip_serializing_if = "Option::is_none")]
     pub retry_after_ms: Option<i64>,
+}
+
+/// `should_run_at_ms` of a run read without `at`: its Plan's time, which
+/// [`LifeRecord::from_json`] puts in once the record is read.
+const AT_OF_PLAN: i64 = i64::MIN;
+
+/// A run as a record stores it, short, since a finished Life keeps one or more for as
+/// long as the history does: a run of the birth (`p` absent), of its first attempt (`n`
+/// absent), that succeeded (`o` absent), due at its Plan's time (`at` absent: the
+/// record's `b`, or `d` for a death), with its start as ms after that (`sd`). Records
+/// written before kept `p`, `n`, `o` and `at` always and the start as epoch ms (`st`);
+/// they read the same.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RunWire<'a> {
+    #[serde(
+        rename = "p",
+        default = "birth_word",
+        skip_serializing_if = "is_birth_word"
+    )]
+    plan: std::borrow::Cow<'a, str>,
+    #[serde(
+        rename = "n",
+        default = "first_attempt",
+        skip_serializing_if = "is_first_attempt"
+    )]
+    attempt: u32,
+    #[serde(rename = "at", default, skip_serializing_if = "Option::is_none")]
+    should_run_at_ms: Option<i64>,
+    /// Started at, epoch ms (records written before `sd`).
+    #[serde(rename = "st", default, skip_serializing_if = "Option::is_none")]
+    started_at_ms: Option<i64>,
+    /// Started this many ms after it should have run.
+    #[serde(rename = "sd", default, skip_serializing_if = "Option::is_none")]
+    started_late_ms: Option<i64>,
+    #[serde(rename = "ms")]
+    duration_ms: i64,
+    #[serde(rename = "h")]
+    host: std::borrow::Cow<'a, str>,
+    #[serde(
+        rename = "o",
+        default = "success_word",
+        skip_serializing_if = "is_success_word"
+    )]
+    outcome: std::borrow::Cow<'a, str>,
+    #[serde(rename = "c", default, skip_serializing_if = "Option::is_none")]
+    status: Option<i64>,
+    #[serde(rename = "e", default, skip_serializing_if = "Option::is_none")]
+    error: Option<std::borrow::Cow<'a, str>>,
+    #[serde(rename = "out", default, skip_serializing_if = "Option::is_none")]
+    output: Option<std::borrow::Cow<'a, Value>>,
+    #[serde(rename = "log", default, skip_serializing_if = "<[_]>::is_empty")]
+    logs: std::borrow::Cow<'a, [String]>,
+    #[serde(rename = "ra", default, skip_serializing_if = "Option::is_none")]
+    retry_after_ms: Option<i64>,
+}
+
+fn birth_word() -> std::borrow::Cow<'static, str> {
+    "b".into()
+}
+fn is_birth_word(w: &str) -> bool {
+    w == "b"
+}
+fn first_attempt() -> u32 {
+    1
+}
+fn is_first_attempt(n: &u32) -> bool {
+    *n == 1
+}
+fn success_word() -> std::borrow::Cow<'static, str> {
+    "success".into()
+}
+fn is_success_word(w: &str) -> bool {
+    w == "success"
+}
+
+impl TryFrom<RunWire<'_>> for RunEntry {
+    type Error = &'static str;
+
+    fn try_from(w: RunWire<'_>) -> Result<RunEntry, &'static str> {
+        let (should_run_at_ms, started_at_ms) = match (w.should_run_at_ms, w.started_at_ms) {
+            (Some(at), Some(started)) => (at, started),
+            (Some(at), None) => (at, at + w.started_late_ms.unwrap_or(0)),
+            // Its Plan's time, put in by from_json, which adds it to the delay kept here.
+            (None, None) => (AT_OF_PLAN, w.started_late_ms.unwrap_or(0)),
+            (None, Some(_)) => return Err("a run with `st` has `at` too"),
+        };
+        Ok(RunEntry {
+            plan: w.plan.into_owned(),
+            attempt: w.attempt,
+            should_run_at_ms,
+            started_at_ms,
+            duration_ms: w.duration_ms,
+            host: w.host.into_owned(),
+            outcome: w.outcome.into_owned(),
+            status: w.status,
+            error: w.error.map(std::borrow::Cow::into_owned),
+            output: w.output.map(std::borrow::Cow::into_owned),
+            logs: w.logs.into_owned(),
+            retry_after_ms: w.retry_after_ms,
+        })
+    }
+}
+
+impl RunEntry {
+    /// This run as a record stores it, in a Life whose birth is due at `birth_ms` and
+    /// death at `death_ms`.
+    fn wire(&self, birth_ms: i64, death_ms: Option<i64>) -> RunWire<'_> {
+        let plan_ms = if self.plan == "d" {
+            death_ms
+        } else {
+            Some(birth_ms)
+        };
+        RunWire {
+            plan: self.plan.as_str().into(),
+            attempt: self.attempt,
+            should_run_at_ms: (plan_ms != Some(self.should_run_at_ms))
+                .then_some(self.should_run_at_ms),
+            started_at_ms: None,
+            started_late_ms: Some(self.started_at_ms - self.should_run_at_ms),
+            duration_ms: self.duration_ms,
+            host: self.host.as_str().into(),
+            outcome: self.outcome.as_str().into(),
+            status: self.status,
+            error: self.error.as_deref().map(Into::into),
+            output: self.output.as_ref().map(std::borrow::Cow::Borrowed),
+            logs: std::borrow::Cow::Borrowed(&self.logs),
+            retry_after_ms: self.retry_after_ms,
+        }
+    }
 }
 
 impl RunEntry {
@@ -330,11 +451,41 @@ impl LifeRecord {
     }
 
     pub fn to_json(&self) -> String {
-        serde_json::to_string(self).expect("a record serializes")
+        let mut text = serde_json::to_string(self).expect("a record serializes");
+        if !self.runs.is_empty() {
+            // The history goes last, each run short (`RunWire`): it needs the Plans' times.
+            let runs: Vec<RunWire<'_>> = self
+                .runs
+                .iter()
+                .map(|r| r.wire(self.birth_ms, self.death_ms))
+                .collect();
+            text.pop();
+            text.push_str(",\"h\":");
+            text.push_str(&serde_json::to_string(&runs).expect("runs serialize"));
+            text.push('}');
+        }
+        text
     }
 
     pub fn from_json(text: &str) -> Result<LifeRecord, serde_json::Error> {
-        serde_json::from_str(text)
+        let mut record: LifeRecord = serde_json::from_str(text)?;
+        for run in &mut record.runs {
+            if run.should_run_at_ms == AT_OF_PLAN {
+                let plan_ms = if run.plan == "d" {
+                    record.death_ms
+                } else {
+                    Some(record.birth_ms)
+                };
+                let Some(at) = plan_ms else {
+                    return Err(serde::de::Error::custom(
+                        "a death's run without `at` in a Life without a death time",
+                    ));
+                };
+                run.should_run_at_ms = at;
+                run.started_at_ms += at;
+            }
+        }
+        Ok(record)
     }
 
     /// The Life, its birth and its death as layout 3's hashes held them, so that the API
@@ -540,6 +691,72 @@ mod tests {
         let view = r.runs[0].view();
         assert_eq!(view["plan"], "death");
         assert_eq!(RunEntry::from_view(&view).unwrap(), r.runs[0]);
+    }
+
+    #[test]
+    fn a_run_keeps_only_what_its_record_does_not_imply() {
+        let mut r = pending_point();
+        r.state = "Dead".into();
+        let run = RunEntry {
+            plan: "b".into(),
+            attempt: 1,
+            should_run_at_ms: r.birth_ms,
+            started_at_ms: r.birth_ms + 5,
+            duration_ms: 4,
+            host: "vm-1".into(),
+            outcome: "success".into(),
+            status: Some(200),
+            error: None,
+            output: None,
+            logs: Vec::new(),
+            retry_after_ms: None,
+        };
+        r.push_run(run.clone());
+        // A retry, due later than its Life's time.
+        r.push_run(RunEntry {
+            attempt: 2,
+            should_run_at_ms: r.birth_ms + 1_000,
+            started_at_ms: r.birth_ms + 998,
+            outcome: "retry".into(),
+            ..run.clone()
+        });
+        let text = r.to_json();
+        assert!(
+            text.ends_with(
+                r#","h":[{"sd":5,"ms":4,"h":"vm-1","c":200},{"n":2,"at":1923577501000,"sd":-2,"ms":4,"h":"vm-1","o":"retry","c":200}]}"#
+            ),
+            "{text}"
+        );
+        assert_eq!(LifeRecord::from_json(&text).unwrap(), r);
+        // A death's run is due at the record's `d`.
+        r.death_ms = Some(r.birth_ms + 60_000);
+        r.runs = vec![RunEntry {
+            plan: "d".into(),
+            should_run_at_ms: r.birth_ms + 60_000,
+            started_at_ms: r.birth_ms + 60_001,
+            ..run
+        }];
+        let text = r.to_json();
+        assert!(
+            text.ends_with(r#","h":[{"p":"d","sd":1,"ms":4,"h":"vm-1","c":200}]}"#),
+            "{text}"
+        );
+        assert_eq!(LifeRecord::from_json(&text).unwrap(), r);
+    }
+
+    #[test]
+    fn runs_written_in_full_before_read_the_same() {
+        let text = r#"{"s":"Dead","b":1795793574000,"c":1795793572552,"f":1795793574009,"db":"vm-12085-0072#1","B":{"s":"Done","n":1,"st":200},"a":{"path":"/","method":"GET"},"h":[{"p":"b","n":1,"at":1795793574000,"st":1795793574005,"ms":4,"h":"vm-12085-0072","o":"success","c":200}]}"#;
+        let r = LifeRecord::from_json(text).unwrap();
+        assert_eq!(r.runs[0].should_run_at_ms, 1_795_793_574_000);
+        assert_eq!(r.runs[0].started_at_ms, 1_795_793_574_005);
+        assert_eq!(r.runs[0].outcome, "success");
+        // Written again, the run is 59 bytes shorter and reads the same.
+        let again = r.to_json();
+        assert_eq!(text.len() - again.len(), 59, "{again}");
+        assert_eq!(LifeRecord::from_json(&again).unwrap(), r);
+        // `st` without `at` is no run this code wrote.
+        assert!(LifeRecord::from_json(&text.replace(r#""at":1795793574000,"#, "")).is_err());
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //! start and finish of 100,000 Plans, booking excluded, from `INFO cpu` and
 //! `INFO commandstats`) and `idempotency` (plain bookings, with an `Idempotency-Key`, and
 //! debounced, alternated) and `memory` (Redis bytes per pending item and per finished
-//! Life, then `memory-shapes`: what other key shapes would cost, on their own too). Pass
+//! Life, then `memory-shapes`: what other key shapes would cost, on their own too;
+//! `memory-finished` is its last row alone). Pass
 //! section names to run only some; `KAIROS_BIN` picks the
 //! kairos binary (to measure another build against the same client).
 
@@ -862,6 +863,9 @@ async fn main() {
     if args.iter().any(|a| a == "memory") {
         bench_memory().await;
     }
+    if args.iter().any(|a| a == "memory-finished") {
+        bench_memory_finished().await;
+    }
     if args.iter().any(|a| a == "memory-shapes") {
         bench_memory_shapes().await;
     }
@@ -1178,6 +1182,13 @@ async fn bench_memory() {
         }
         println!("| {label} | {} | {} |", row[0], row[1]);
     }
+    bench_memory_finished().await;
+    println!();
+    bench_memory_shapes().await;
+}
+
+/// The last row of `memory` on its own (`memory-finished`): bytes per finished Life.
+async fn bench_memory_finished() {
     let mut row = Vec::new();
     for limit in ["64", "1024"] {
         row.push(format!("{:.0} B", finished_bytes(limit, 20_000).await));
@@ -1186,8 +1197,6 @@ async fn bench_memory() {
         "| point booking, small action, **finished** and kept as history (20,000 fired) | {} | {} |",
         row[0], row[1]
     );
-    println!();
-    bench_memory_shapes().await;
 }
 
 /// What a pending point booking would cost in other key shapes (issue 17's 300 B): the
@@ -1411,8 +1420,11 @@ async fn finished_bytes(listpack_limit: &str, count: usize) -> f64 {
     let host = firing_host(&redis, &sink_url, &[]);
     set_listpack_limit(&redis, listpack_limit).await;
     // A first 2,000, fired, create every shard's sets.
-    let warm = now_ms() + 2_000;
-    book_many(&host, 2_000, 64, true, move |i| warm + (i % 500) as i64).await;
+    // Each booked a second or two after it is sent, whatever the host's speed.
+    book_many(&host, 2_000, 64, true, move |i| {
+        now_ms() + 1_000 + (i % 500) as i64
+    })
+    .await;
     let wait_for = |n: usize| {
         let sink = sink.clone();
         async move {
@@ -1427,8 +1439,10 @@ async fn finished_bytes(listpack_limit: &str, count: usize) -> f64 {
     };
     wait_for(2_000).await;
     let before = used_memory(&redis).await;
-    let start = now_ms() + 2_000 + count as i64 / 8;
-    book_many(&host, count, 64, true, move |i| start + (i % 2_000) as i64).await;
+    book_many(&host, count, 64, true, move |i| {
+        now_ms() + 1_000 + (i % 1_000) as i64
+    })
+    .await;
     wait_for(2_000 + count).await;
     let after = used_memory(&redis).await;
     (after - before) as f64 / count as f64
