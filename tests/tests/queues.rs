@@ -866,7 +866,7 @@ async fn task_lists_page_either_way_with_totals() {
             let sep = if path.contains('?') { '&' } else { '?' };
             let mut url = format!("{path}{sep}limit={limit}");
             if let Some(c) = &cursor {
-                url.push_str(&format!("&cursor={}", urlencode(c)));
+                url.push_str(&format!("&cursor={}", kairos::cli::percent_encode(c)));
             }
             let (status, page) = api.get(&url).await;
             assert_eq!(status, 200, "{url}: {page}");
@@ -909,7 +909,7 @@ async fn task_lists_page_either_way_with_totals() {
     let (_, next) = api
         .get(&format!(
             "/queues/pg/tasks?limit=3&cursor={}",
-            urlencode(&cursor)
+            kairos::cli::percent_encode(&cursor)
         ))
         .await;
     let names: Vec<&str> = next["items"]
@@ -928,15 +928,4 @@ async fn task_lists_page_either_way_with_totals() {
         let (status, reply) = api.get(bad).await;
         assert_eq!(status, 400, "{bad}: {reply}");
     }
-}
-
-fn urlencode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }

@@ -96,7 +96,7 @@ pub(super) fn query(pairs: &[(&str, Option<String>)]) -> String {
 }
 
 /// Percent-encodes a path segment or query value (RFC 3986 unreserved characters stay).
-pub(super) fn encode(text: &str) -> String {
+pub fn encode(text: &str) -> String {
     text.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {

@@ -384,9 +384,14 @@ impl Store {
                         .arg("LIMIT")
                         .arg(0)
                         .arg(want);
-                    pipe.cmd("ZCARD").arg(&key);
-                    let (ties, items, n): (Scored, Scored, u64) =
-                        pipe.query_async(&mut conn).await?;
+                    // The total only on the first pass, which answers it.
+                    let (ties, items, n): (Scored, Scored, u64) = if pass == 0 {
+                        pipe.cmd("ZCARD").arg(&key);
+                        pipe.query_async(&mut conn).await?
+                    } else {
+                        let (ties, items): (Scored, Scored) = pipe.query_async(&mut conn).await?;
+                        (ties, items, 0)
+                    };
                     let ties = ties
                         .into_iter()
                         .filter(|(id, _)| !pos.1.is_empty() && *id < pos.1);
