@@ -240,17 +240,12 @@ async fn check_firing(sink: &Sink, bookings: &[Booking], outages: &[Outage]) {
                     late_after_promotion.push((b.id.clone(), fired_ms - by_ms));
                 }
             }
-            None => untouched.push(fired_ms - b.due_ms),
+            None => untouched.push((fired_ms - b.due_ms, *b)),
         }
     }
     // The latest of the untouched shards' bookings, to tell a slow booking from a slow fire.
-    let mut worst: Vec<(i64, &&Booking)> = acked
-        .iter()
-        .filter(|b| !outages.iter().any(|o| o.slots.contains(&b.slot)))
-        .map(|b| (first[&b.id] - b.due_ms, b))
-        .collect();
-    worst.sort_by_key(|(late, _)| -late);
-    for (late, b) in worst.iter().take(5).filter(|(late, _)| *late > 200) {
+    untouched.sort_by_key(|(late, _)| -late);
+    for (late, b) in untouched.iter().take(5).filter(|(late, _)| *late > 200) {
         eprintln!(
             "late {late} ms: {} slot {} sent {} answered {} due {} (kills at {:?})",
             b.id,
@@ -275,12 +270,12 @@ async fn check_firing(sink: &Sink, bookings: &[Booking], outages: &[Outage]) {
             );
         }
     }
-    let untouched_p99 = p99(untouched.clone());
+    let untouched_p99 = p99(untouched.iter().map(|(late, _)| *late).collect());
     eprintln!(
         "{} acknowledged; untouched shards: {} bookings, p99 lateness {untouched_p99} ms, max {} ms; dead masters' shards: {} past promotion + 2 s",
         acked.len(),
         untouched.len(),
-        untouched.iter().max().unwrap_or(&0),
+        untouched.first().map_or(0, |(late, _)| *late),
         late_after_promotion.len()
     );
     assert!(

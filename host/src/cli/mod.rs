@@ -12,10 +12,10 @@ mod client;
 mod new_plugin;
 mod plugins;
 mod print;
+mod summaries;
 
 /// Percent-encodes a path segment or query value, as the CLI does (tests use it too).
 pub use client::encode as percent_encode;
-mod summaries;
 
 use std::io::Read;
 

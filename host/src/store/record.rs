@@ -260,14 +260,13 @@ impl TryFrom<RunWire<'_>> for RunEntry {
 }
 
 impl RunEntry {
-    /// This run as a record stores it, in a Life whose birth is due at `birth_ms` and
-    /// death at `death_ms`.
-    fn wire(&self, birth_ms: i64, death_ms: Option<i64>) -> RunWire<'_> {
-        let plan_ms = if self.plan == "d" {
-            death_ms
-        } else {
-            Some(birth_ms)
-        };
+    fn is_death(&self) -> bool {
+        self.plan == "d"
+    }
+
+    /// This run as a record stores it, in a Life whose Plan is due at `plan_ms`
+    /// ([`LifeRecord::own_ms`]).
+    fn wire(&self, plan_ms: Option<i64>) -> RunWire<'_> {
         RunWire {
             plan: self.plan.as_str().into(),
             attempt: self.attempt,
@@ -289,7 +288,7 @@ impl RunEntry {
 
 impl RunEntry {
     fn kind_word(&self) -> &'static str {
-        if self.plan == "d" {
+        if self.is_death() {
             "death"
         } else {
             "birth"
@@ -415,12 +414,17 @@ impl LifeRecord {
 
     /// When a Plan is due now (its own time, or its Life's).
     pub fn fire_ms(&self, death: bool) -> i64 {
-        let own = if death {
-            self.death_ms.unwrap_or(self.birth_ms)
-        } else {
-            self.birth_ms
-        };
+        let own = self.own_ms(death).unwrap_or(self.birth_ms);
         self.plan(death).fire_ms.unwrap_or(own)
+    }
+
+    /// The Life's own time for a Plan: its birth time, or its death time (a term).
+    fn own_ms(&self, death: bool) -> Option<i64> {
+        if death {
+            self.death_ms
+        } else {
+            Some(self.birth_ms)
+        }
     }
 
     /// The action of a Plan.
@@ -457,7 +461,7 @@ impl LifeRecord {
             let runs: Vec<RunWire<'_>> = self
                 .runs
                 .iter()
-                .map(|r| r.wire(self.birth_ms, self.death_ms))
+                .map(|r| r.wire(self.own_ms(r.is_death())))
                 .collect();
             text.pop();
             text.push_str(",\"h\":");
@@ -469,14 +473,10 @@ impl LifeRecord {
 
     pub fn from_json(text: &str) -> Result<LifeRecord, serde_json::Error> {
         let mut record: LifeRecord = serde_json::from_str(text)?;
+        let (birth_ms, death_ms) = (record.own_ms(false), record.own_ms(true));
         for run in &mut record.runs {
             if run.should_run_at_ms == AT_OF_PLAN {
-                let plan_ms = if run.plan == "d" {
-                    record.death_ms
-                } else {
-                    Some(record.birth_ms)
-                };
-                let Some(at) = plan_ms else {
+                let Some(at) = (if run.is_death() { death_ms } else { birth_ms }) else {
                     return Err(serde::de::Error::custom(
                         "a death's run without `at` in a Life without a death time",
                     ));
