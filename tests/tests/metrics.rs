@@ -400,14 +400,17 @@ async fn the_exposition_passes_promtool_check_metrics() {
     let host = Host::start(&redis.url(), &flags(&sink, &[]));
     let api = Api::new(&host);
     upload_plugin(&api, "noop", "noop", "").await;
-    // A success, a retried 503, a failure (404), a plugin run.
-    sink.answer(&[200, 503, 200, 404]);
+    // A success, a retried 503, a failure (404), a plugin run. Each booking has a path
+    // of its own: the queue task and the timer below call the sink too, and once took
+    // the answers scripted for these in the order calls came.
+    sink.answer_paths(&[("/hook", 200), ("/w1", 200), ("/w3", 404)]);
+    sink.answer(&[503, 200]);
     let at = now_ms() + 1_000;
-    book(&api, &point("w1", at, hook("w1"))).await;
-    let retried =
-        json!({"path": "/hook", "method": "POST", "retry_count": 1, "retry_interval": 0.1});
+    let call = |path: &str| json!({"path": path, "method": "POST"});
+    book(&api, &point("w1", at, call("/w1"))).await;
+    let retried = json!({"path": "/w2", "method": "POST", "retry_count": 1, "retry_interval": 0.1});
     book(&api, &point("w2", at + 100, retried)).await;
-    book(&api, &point("w3", at + 400, hook("w3"))).await;
+    book(&api, &point("w3", at + 400, call("/w3"))).await;
     book(
         &api,
         &point("p1", at, json!({"plugin": "noop", "input": {}})),
