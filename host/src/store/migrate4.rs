@@ -121,15 +121,13 @@ pub(crate) fn from_layout3(uuid: &str, h: &Hash, now_ms: i64) -> Result<Folded, 
         };
         let fire: i64 = num(h, &field("fire_at_ms")).unwrap_or(own);
         let plan = record.plan_mut(death);
-        *plan = PlanRecord {
-            state: matches!(state, "Done" | "Failed" | "Invalidated" | "Cancelled")
-                .then(|| state.to_string()),
-            fire_ms: (fire != own).then_some(fire),
-            attempts: num(h, &field("attempts")).unwrap_or(0),
-            last_status: num(h, &field("last_status")),
-            last_error: h.get(&field("last_error")).cloned(),
-            interrupted: flag(h, &field("interrupted")),
-        };
+        plan.state = matches!(state, "Done" | "Failed" | "Invalidated" | "Cancelled")
+            .then(|| state.to_string());
+        plan.fire_ms = (fire != own).then_some(fire);
+        plan.attempts = num(h, &field("attempts")).unwrap_or(0);
+        plan.last_status = num(h, &field("last_status"));
+        plan.last_error = h.get(&field("last_error")).cloned();
+        plan.interrupted = flag(h, &field("interrupted"));
         let plan_id = format!("{uuid}:{}", kind.as_str());
         match state {
             "Preset" => held.push((plan_id, fire)),

@@ -104,10 +104,11 @@ mod tests {
         )
         .unwrap();
         rec.state = state.into();
-        let plan = |s: Option<&str>| PlanRecord {
-            state: s.map(str::to_string),
-            last_error: s.map(|s| format!("{s} because")),
-            ..Default::default()
+        let plan = |s: Option<&str>| {
+            let mut plan = PlanRecord::default();
+            plan.state = s.map(str::to_string);
+            plan.last_error = s.map(|s| format!("{s} because"));
+            plan
         };
         rec.birth = plan(birth);
         rec.death = plan(death);

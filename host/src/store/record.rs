@@ -25,9 +25,6 @@ pub const RUNS_KEPT: usize = 50;
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
-fn is_zero_u32(n: &u32) -> bool {
-    *n == 0
-}
 fn is_false(b: &bool) -> bool {
     !*b
 }
@@ -88,9 +85,21 @@ pub struct LifeRecord {
     /// its reply was lost finds it and writes nothing twice.
     #[serde(rename = "db", default, skip_serializing_if = "Option::is_none")]
     pub done_by: Option<String>,
-    #[serde(rename = "B", default, skip_serializing_if = "PlanRecord::is_blank")]
+    /// The birth's and the death's Plan records, written by [`LifeRecord::to_json`]
+    /// itself, after the actions, each leaving out what the Life implies ([`PlanWire`]).
+    #[serde(
+        rename = "B",
+        default = "PlanRecord::left_out",
+        skip_serializing,
+        deserialize_with = "read_plan"
+    )]
     pub birth: PlanRecord,
-    #[serde(rename = "D", default, skip_serializing_if = "PlanRecord::is_blank")]
+    #[serde(
+        rename = "D",
+        default = "PlanRecord::left_out",
+        skip_serializing,
+        deserialize_with = "read_plan"
+    )]
     pub death: PlanRecord,
     /// The birth action.
     #[serde(rename = "a")]
@@ -104,33 +113,163 @@ pub struct LifeRecord {
     pub runs: Vec<RunEntry>,
 }
 
-/// What a Plan has been through, beyond what its Life says.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// What a Plan has been through, beyond what its Life says. Stored as a [`PlanWire`].
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PlanRecord {
     /// Its state once it left Standby for good (`Done`, `Failed`, `Invalidated`,
-    /// `Cancelled`); absent: Standby (or Preset, Running: the shard's `inflight` says).
-    #[serde(rename = "s", default, skip_serializing_if = "Option::is_none")]
+    /// `Cancelled`); None: Standby (or Preset, Running: the shard's `inflight` says).
     pub state: Option<String>,
     /// When it is due, when that is not its Life's time (a retry, a death moved to now).
-    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
     pub fire_ms: Option<i64>,
     /// Runs so far.
-    #[serde(rename = "n", default, skip_serializing_if = "is_zero_u32")]
     pub attempts: u32,
-    #[serde(rename = "st", default, skip_serializing_if = "Option::is_none")]
     pub last_status: Option<i64>,
-    #[serde(rename = "e", default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
     /// A run of it was cut off by its host's crash (it may have reached its target).
-    #[serde(rename = "i", default, skip_serializing_if = "is_false")]
     pub interrupted: bool,
+    /// What its stored form left out, until [`LifeRecord::from_json`] fills it in from
+    /// the Life: nothing, once a record is read.
+    left_out: LeftOut,
+}
+
+/// Fields of a [`PlanWire`] that were absent, so implied by the Life ([`Implied`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct LeftOut {
+    state: bool,
+    attempts: bool,
+    status: bool,
+    error: bool,
 }
 
 impl PlanRecord {
     pub fn is_blank(&self) -> bool {
         *self == PlanRecord::default()
     }
+
+    /// A Plan whose record was absent: everything its Life implies.
+    fn left_out() -> PlanRecord {
+        PlanRecord {
+            left_out: LeftOut {
+                state: true,
+                attempts: true,
+                status: true,
+                error: true,
+            },
+            ..PlanRecord::default()
+        }
+    }
+
+    /// This Plan as a record stores it, in a Life that implies `implied`: None when the
+    /// Life implies all of it.
+    fn wire(&self, implied: &Implied<'_>) -> Option<PlanWire<'_>> {
+        let wire = PlanWire {
+            state: (self.state.as_deref() != implied.state)
+                .then(|| self.state.as_deref().map(Into::into)),
+            fire_ms: self.fire_ms,
+            attempts: (self.attempts != implied.attempts).then_some(self.attempts),
+            last_status: (self.last_status != implied.status).then_some(self.last_status),
+            last_error: (self.last_error.as_deref() != implied.error)
+                .then(|| self.last_error.as_deref().map(Into::into)),
+            interrupted: self.interrupted,
+        };
+        let empty = wire.state.is_none()
+            && wire.fire_ms.is_none()
+            && wire.attempts.is_none()
+            && wire.last_status.is_none()
+            && wire.last_error.is_none()
+            && !wire.interrupted;
+        (!empty).then_some(wire)
+    }
+
+    /// Fills in what the stored form left out.
+    fn fill_in(&mut self, implied: &Implied<'_>) {
+        let left_out = std::mem::take(&mut self.left_out);
+        if left_out.state {
+            self.state = implied.state.map(str::to_string);
+        }
+        if left_out.attempts {
+            self.attempts = implied.attempts;
+        }
+        if left_out.status {
+            self.last_status = implied.status;
+        }
+        if left_out.error {
+            self.last_error = implied.error.map(str::to_string);
+        }
+    }
+}
+
+/// What a Life implies about one of its Plans, so that its record leaves it out: the
+/// attempt, status and error of the Plan's last run (`after_run` copies them), and
+/// `Done` for a Plan of a `Dead` Life.
+struct Implied<'a> {
+    state: Option<&'a str>,
+    attempts: u32,
+    status: Option<i64>,
+    error: Option<&'a str>,
+}
+
+/// A Plan as a record stores it: each of `s`, `n`, `st` and `e` is absent when the Life
+/// implies it ([`Implied`]), and written (`null` for none) when it does not. A Plan the
+/// Life implies all of is absent. Records written before (2026-11-27) kept each that was
+/// set; they read the same, since what they left out was what the Life implies.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanWire<'a> {
+    #[serde(
+        rename = "s",
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    state: Option<Option<std::borrow::Cow<'a, str>>>,
+    #[serde(rename = "f", default, skip_serializing_if = "Option::is_none")]
+    fire_ms: Option<i64>,
+    #[serde(rename = "n", default, skip_serializing_if = "Option::is_none")]
+    attempts: Option<u32>,
+    #[serde(
+        rename = "st",
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    last_status: Option<Option<i64>>,
+    #[serde(
+        rename = "e",
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "present"
+    )]
+    last_error: Option<Option<std::borrow::Cow<'a, str>>>,
+    #[serde(rename = "i", default, skip_serializing_if = "is_false")]
+    interrupted: bool,
+}
+
+/// A field that is present, `null` or not: absent stays None (`default`).
+fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::<T>::deserialize(d).map(Some)
+}
+
+fn read_plan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<PlanRecord, D::Error> {
+    let w = PlanWire::deserialize(d)?;
+    Ok(PlanRecord {
+        left_out: LeftOut {
+            state: w.state.is_none(),
+            attempts: w.attempts.is_none(),
+            status: w.last_status.is_none(),
+            error: w.last_error.is_none(),
+        },
+        state: w.state.flatten().map(std::borrow::Cow::into_owned),
+        fire_ms: w.fire_ms,
+        attempts: w.attempts.unwrap_or(0),
+        last_status: w.last_status.flatten(),
+        last_error: w.last_error.flatten().map(std::borrow::Cow::into_owned),
+        interrupted: w.interrupted,
+    })
 }
 
 /// One run in a Life's history (the API shows it with long names: [`RunEntry::view`]).
@@ -454,20 +593,39 @@ impl LifeRecord {
         }
     }
 
+    /// What this Life implies about a Plan ([`Implied`]).
+    fn implied(&self, death: bool) -> Implied<'_> {
+        let last = self.runs.iter().rev().find(|r| r.is_death() == death);
+        let exists = !death || self.is_term();
+        Implied {
+            state: (exists && self.state == "Dead").then_some("Done"),
+            attempts: last.map_or(0, |r| r.attempt),
+            status: last.and_then(|r| r.status),
+            error: last.and_then(|r| r.error.as_deref()),
+        }
+    }
+
     pub fn to_json(&self) -> String {
         let mut text = serde_json::to_string(self).expect("a record serializes");
+        // The Plans and the history go last, short (`PlanWire`, `RunWire`): they need
+        // the Life's state, times and runs.
+        text.pop();
+        for (key, death) in [("B", false), ("D", true)] {
+            if let Some(wire) = self.plan(death).wire(&self.implied(death)) {
+                text.push_str(&format!(",\"{key}\":"));
+                text.push_str(&serde_json::to_string(&wire).expect("a Plan serializes"));
+            }
+        }
         if !self.runs.is_empty() {
-            // The history goes last, each run short (`RunWire`): it needs the Plans' times.
             let runs: Vec<RunWire<'_>> = self
                 .runs
                 .iter()
                 .map(|r| r.wire(self.own_ms(r.is_death())))
                 .collect();
-            text.pop();
             text.push_str(",\"h\":");
             text.push_str(&serde_json::to_string(&runs).expect("runs serialize"));
-            text.push('}');
         }
+        text.push('}');
         text
     }
 
@@ -484,6 +642,11 @@ impl LifeRecord {
                 run.should_run_at_ms = at;
                 run.started_at_ms += at;
             }
+        }
+        for death in [false, true] {
+            let mut plan = std::mem::take(record.plan_mut(death));
+            plan.fill_in(&record.implied(death));
+            *record.plan_mut(death) = plan;
         }
         Ok(record)
     }
@@ -751,12 +914,117 @@ mod tests {
         assert_eq!(r.runs[0].should_run_at_ms, 1_795_793_574_000);
         assert_eq!(r.runs[0].started_at_ms, 1_795_793_574_005);
         assert_eq!(r.runs[0].outcome, "success");
-        // Written again, the run is 59 bytes shorter and reads the same.
+        assert_eq!(r.birth.state.as_deref(), Some("Done"));
+        assert_eq!((r.birth.attempts, r.birth.last_status), (1, Some(200)));
+        // Written again, it leaves out what the Life implies, and reads the same.
         let again = r.to_json();
-        assert_eq!(text.len() - again.len(), 59, "{again}");
+        assert_eq!(
+            again,
+            r#"{"s":"Dead","b":1795793574000,"c":1795793572552,"f":1795793574009,"db":"vm-12085-0072#1","a":{"path":"/","method":"GET"},"h":[{"sd":5,"ms":4,"h":"vm-12085-0072","c":200}]}"#
+        );
         assert_eq!(LifeRecord::from_json(&again).unwrap(), r);
         // `st` without `at` is no run this code wrote.
         assert!(LifeRecord::from_json(&text.replace(r#""at":1795793574000,"#, "")).is_err());
+    }
+
+    #[test]
+    fn a_plan_keeps_only_what_its_life_does_not_imply() {
+        let run = |plan: &str, attempt, status: Option<i64>, error: Option<&str>| RunEntry {
+            plan: plan.into(),
+            attempt,
+            should_run_at_ms: 1_923_577_500_000,
+            started_at_ms: 1_923_577_500_005,
+            duration_ms: 4,
+            host: "vm-1".into(),
+            outcome: "retry".into(),
+            status,
+            error: error.map(str::to_string),
+            output: None,
+            logs: Vec::new(),
+            retry_after_ms: None,
+        };
+        let histories = [
+            vec![],
+            vec![run("b", 2, Some(503), Some("busy"))],
+            vec![
+                run("b", 1, Some(503), None),
+                run("b", 2, None, Some("refused")),
+            ],
+            vec![
+                run("b", 1, Some(200), None),
+                run("d", 3, Some(500), Some("x")),
+            ],
+        ];
+        let mut seen = 0;
+        for state in ["Inexistent", "Alive", "Dead", "Stillbirth"] {
+            for term in [false, true] {
+                for history in &histories {
+                    for plan_state in [None, Some("Done"), Some("Failed")] {
+                        for attempts in [0, 1, 2, 3] {
+                            for status in [None, Some(200), Some(503)] {
+                                for error in [None, Some("busy"), Some("refused")] {
+                                    let mut r = pending_point();
+                                    r.state = state.into();
+                                    if term {
+                                        r.death_ms = Some(r.birth_ms + 60_000);
+                                        r.death_action = r.action(false).cloned();
+                                    }
+                                    for h in history {
+                                        let mut h = h.clone();
+                                        if h.is_death() {
+                                            h.should_run_at_ms += 60_000;
+                                            h.started_at_ms += 60_000;
+                                        }
+                                        r.runs.push(h);
+                                    }
+                                    let plan = PlanRecord {
+                                        state: plan_state.map(str::to_string),
+                                        attempts,
+                                        last_status: status,
+                                        last_error: error.map(str::to_string),
+                                        ..PlanRecord::default()
+                                    };
+                                    r.birth = plan.clone();
+                                    if term {
+                                        r.death = PlanRecord {
+                                            fire_ms: Some(7),
+                                            interrupted: true,
+                                            ..plan
+                                        };
+                                    }
+                                    let text = r.to_json();
+                                    assert_eq!(LifeRecord::from_json(&text).unwrap(), r, "{text}");
+                                    seen += 1;
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(seen, 4 * 2 * 4 * 3 * 4 * 3 * 3);
+        // A Dead point Life whose birth succeeded at its first run keeps no Plan at all.
+        let mut r = pending_point();
+        r.state = "Dead".into();
+        r.birth = PlanRecord {
+            state: Some("Done".into()),
+            attempts: 1,
+            last_status: Some(200),
+            ..PlanRecord::default()
+        };
+        r.runs.push(RunEntry {
+            outcome: "success".into(),
+            ..run("b", 1, Some(200), None)
+        });
+        let text = r.to_json();
+        assert!(!text.contains(r#""B":"#), "{text}");
+        // A run without a status keeps the Plan's older one, written out.
+        r.runs.push(run("b", 2, None, Some("refused")));
+        r.birth.attempts = 2;
+        r.birth.last_error = Some("refused".into());
+        let text = r.to_json();
+        assert!(text.contains(r#","B":{"st":200},"h":"#), "{text}");
+        assert_eq!(LifeRecord::from_json(&text).unwrap(), r);
     }
 
     #[test]
