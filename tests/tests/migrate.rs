@@ -601,3 +601,45 @@ async fn a_fold_killed_half_way_is_finished_by_running_it_again() {
         assert_eq!(view, template_view, "{id} reads back otherwise");
     }
 }
+
+/// A host records the format of the records it writes in `kairos:meta` (`records`),
+/// raising an older one, and will not open a keyspace of a later format: it could not
+/// read those records, so it says to run the later build instead of misreading them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_refuses_records_of_a_later_format_and_raises_an_older_one() {
+    let redis = RedisServer::start();
+    let host = Host::start(&redis.url(), &[]);
+    let format = kairos::store::record::RECORD_FORMAT.to_string();
+    let records = |redis: &RedisServer| {
+        redis
+            .cli(&["HGET", "kairos:meta", "records"])
+            .trim()
+            .trim_matches('"')
+            .to_string()
+    };
+    assert_eq!(records(&redis), format);
+    drop(host);
+
+    // A keyspace written before the field, or by an older format: raised on open.
+    redis.cli(&["HSET", "kairos:meta", "records", "1"]);
+    let host = Host::start(&redis.url(), &[]);
+    assert_eq!(records(&redis), format);
+    drop(host);
+
+    // A later format: refused, and the keyspace left as it is.
+    let later = (kairos::store::record::RECORD_FORMAT + 1).to_string();
+    redis.cli(&["HSET", "kairos:meta", "records", &later]);
+    let (code, _, err) = kairos_command(&[
+        "serve",
+        "--redis-url",
+        &redis.url(),
+        "--listen",
+        &format!("127.0.0.1:{}", free_port()),
+    ]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains(&format!("records of format {later}")) && err.contains("later kairos"),
+        "{err}"
+    );
+    assert_eq!(records(&redis), later);
+}

@@ -182,7 +182,7 @@ pub async fn migrate(
     // Layout 1 moves into layout 3's shapes (`scripts/migrate.lua`), which are then
     // folded into records: the meta says 3 in between, so that a run cut off goes on
     // from there.
-    let (layout, recorded): (Option<u32>, Option<u32>) = scripts
+    let (layout, recorded, _): (Option<u32>, Option<u32>, Option<u32>) = scripts
         .meta_init
         .key(keys.meta())
         .arg(&keys.prefix)
@@ -203,15 +203,14 @@ pub async fn migrate(
     Ok(m.report)
 }
 
-/// Records the keyspace's layout.
+/// Records the keyspace's layout (and for this build's, the format of its records).
 async fn set_layout(keys: &Keys, conn: &mut Conn, layout: u32) -> Result<(), String> {
-    redis::cmd("HSET")
-        .arg(keys.meta())
-        .arg("layout")
-        .arg(layout)
-        .query_async::<()>(conn)
-        .await
-        .map_err(|e| e.to_string())
+    let mut cmd = redis::cmd("HSET");
+    cmd.arg(keys.meta()).arg("layout").arg(layout);
+    if layout == LAYOUT {
+        cmd.arg("records").arg(super::record::RECORD_FORMAT);
+    }
+    cmd.query_async::<()>(conn).await.map_err(|e| e.to_string())
 }
 
 /// Refuses while a host of the earlier version is alive (listed in `hosts`).

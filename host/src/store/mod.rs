@@ -459,13 +459,14 @@ async fn open_layout(
             "--shards must be 1 to {MAX_SHARDS}, not {want}"
         )));
     }
-    let (layout, shards): (Option<u32>, Option<u32>) = scripts
+    let (layout, shards, records): (Option<u32>, Option<u32>, Option<u32>) = scripts
         .meta_init
         .key(keys.meta())
         .arg(&keys.prefix)
         .arg(LAYOUT)
         .arg(want)
         .arg(chrono::Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true))
+        .arg(record::RECORD_FORMAT)
         .invoke_async(&mut conn)
         .await?;
     let earlier = match layout {
@@ -483,6 +484,13 @@ async fn open_layout(
         return Err(OpenError::Layout(format!(
             "the keyspace under `{}` has layout {layout:?}; this kairos reads layout {LAYOUT} only",
             keys.prefix
+        )));
+    }
+    if let Some(records) = records.filter(|&r| r > record::RECORD_FORMAT) {
+        return Err(OpenError::Layout(format!(
+            "the keyspace under `{}` holds records of format {records}, written by a later kairos; this one reads format {} and older: run the later build on every host",
+            keys.prefix,
+            record::RECORD_FORMAT
         )));
     }
     let shards = shards.unwrap_or(0);

@@ -19,6 +19,12 @@ use serde_json::Value;
 
 use crate::model::Action;
 
+/// The record format this build writes, `kairos:meta`'s `records`: 1 was layout 4's
+/// first; 2 runs short ([`RunWire`]); 3 Plans leaving out what their Life implies
+/// ([`PlanWire`]). A host raises `records` to its own when it opens the keyspace, and
+/// refuses one of a later format, which it could not read.
+pub const RECORD_FORMAT: u32 = 3;
+
 /// Run records kept per Plan (the newest).
 pub const RUNS_KEPT: usize = 50;
 
