@@ -103,3 +103,69 @@ async fn a_live_host_hands_back_plans_it_holds_but_lost_track_of() {
         .log_text()
         .contains("handed back held Plans this host no longer tracked"));
 }
+
+/// A Life whose record is deleted by hand while its birth runs: the finish finds no
+/// record, writes none back, and lets the Plan's claim go, so nothing is left held or
+/// half-written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_life_deleted_by_hand_while_it_runs_is_not_written_back() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    sink.set_delay(Duration::from_millis(1_500));
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let id = "a1b2c3d4e5f60718293a4b5c6d7e8f90";
+    let (status, body) = api
+        .post(
+            "/schedules",
+            &json!({"life_uuid": id, "birth_time": kairos_e2e::at_ms_from_now(800),
+                    "birth": {"path": "/slow", "method": "POST"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    sink.wait_count(1, Duration::from_secs(10)).await;
+
+    // The run is under way (the sink holds its answer): delete the record by hand.
+    let mut conn = redis.conn().await;
+    let ks = redis.keyspace().await;
+    let k = ks.life(id);
+    let buckets: Option<u64> = conn.get(k.record_count()).await.unwrap();
+    let mut deleted = 0;
+    for b in 0..buckets.unwrap_or(1) {
+        let n: i64 = conn.hdel(k.records(b), id).await.unwrap();
+        deleted += n;
+    }
+    assert_eq!(deleted, 1, "the record was in one bucket");
+    let held: Option<String> = conn
+        .hget(k.inflight(), format!("{id}:birth"))
+        .await
+        .unwrap();
+    assert!(
+        held.is_some_and(|v| v.contains(&host.host_id)),
+        "its birth is held while it runs"
+    );
+
+    // The finish lets the claim go and writes no record back.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let held: Option<String> = conn
+            .hget(k.inflight(), format!("{id}:birth"))
+            .await
+            .unwrap();
+        if held.is_none() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the claim was never let go"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        !redis.life_records(k).await.contains_key(id),
+        "the finish wrote the deleted record back"
+    );
+    let (status, _) = api.get(&format!("/schedules/{id}")).await;
+    assert_eq!(status, 404);
+    assert_eq!(sink.received().len(), 1, "the Life ran once");
+}

@@ -375,6 +375,15 @@ local function split_records()
   redis.call('SET', PREFIX .. 'rn', record_count)
 end
 
+-- Writes the record of a new Life: false, writing nothing, when one is there already.
+-- One HSETNX where a look and a write took two commands.
+local function put_new_record(id, rec)
+  local key = record_key(id)
+  if redis.call('HSETNX', key, id, rec) == 0 then return false end
+  if redis.call('HLEN', key) > RECORDS_SPLIT_AT then split_records() end
+  return true
+end
+
 local function put_record(id, rec)
   local key = record_key(id)
   if redis.call('HSET', key, id, rec) == 1 and redis.call('HLEN', key) > RECORDS_SPLIT_AT then
@@ -670,10 +679,11 @@ local function book_life(first_plugin_key)
     local other = resource_conflict(KEYS[3], birth_ms - guard, (death_ms or birth_ms) + guard, uuid)
     if other then return {'resource_conflict', other} end
   end
-  if get_record(uuid) then return {'duplicate'} end
+  -- A pointer here says the Life is booked in another shard (or was being booked
+  -- there): the host looks whether it is stale. Else a record here is a duplicate.
   local pointer = redis.call('GET', PREFIX .. 'ptr:' .. uuid)
   if pointer then return {'pointer', pointer} end
-  put_record(uuid, ARGV[6])
+  if not put_new_record(uuid, ARGV[6]) then return {'duplicate'} end
   if rid ~= '' then
     redis.call('ZADD', KEYS[3], birth_ms, uuid)
     redis.call('ZADD', order_key(rid), birth_ms, uuid .. ':birth')
@@ -694,8 +704,7 @@ end
 -- and built its record). Nothing when the Life exists (a finish written twice).
 -- PLUGINS: the plugin names its action uses, separated by spaces.
 local function book_callback(due, lives, uuid, record, plugins, now_ms, notify_before_ms)
-  if uuid == '' or get_record(uuid) then return end
-  put_record(uuid, record)
+  if uuid == '' or not put_new_record(uuid, record) then return end
   census(nil, 'Inexistent')
   tree_add(due, now_ms, uuid .. ':birth')
   tree_add(lives, now_ms, uuid)
