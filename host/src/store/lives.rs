@@ -1,5 +1,5 @@
 //! Lives in Redis (layout 4): booking, PATCH, DELETE, the sweep. Views and listing are
-//! in `life_views.rs`, the record's format in `record.rs`, the state machine in
+//! in `life_views.rs`, the record's format in `record/`, the state machine in
 //! `lifecycle.rs`.
 //!
 //! A Life is stored in one shard (`Placement::life`): its resource's when it has one,

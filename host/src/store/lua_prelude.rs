@@ -137,7 +137,7 @@ end})
             assert!(all.contains(d.text.as_str()), "{:?} left out", d.defines);
         }
         let finish = prelude_for(common, include_str!("scripts/finish_life.lua"));
-        assert!(finish.contains("local function put_record("));
+        assert!(finish.contains("local function put_new_record("));
         assert!(finish.contains("local function split_records("));
         assert!(finish.contains("local function id_hash("));
         let page = prelude_for(common, include_str!("scripts/lives_page.lua"));

@@ -1,6 +1,6 @@
 //! `kairos migrate` from layout 3 to layout 4: each Life's hash (`life:{uuid}`, its Plans'
 //! fields under `b.` and `d.`, its runs as `run:{plan}:{attempt}`) becomes one compact
-//! record (`record.rs`), and the shard's `due`, `lives` and `finished` sorted sets become
+//! record (`record/`), and the shard's `due`, `lives` and `finished` sorted sets become
 //! trees; timers' Plans move to `timers_due`. The host builds each record from the hash
 //! (the host owns the record's format); `scripts/fold4.lua` writes it with its index
 //! entries and deletes the hash, one Life per call, so that a migration cut off

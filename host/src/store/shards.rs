@@ -153,7 +153,7 @@ impl ShardKeys {
     pub fn life(&self, uuid: &str) -> String {
         self.key(format_args!("life:{uuid}"))
     }
-    /// Record bucket `n`: a hash of Life records (`record.rs`), field = the Life's id.
+    /// Record bucket `n`: a hash of Life records (`record/`), field = the Life's id.
     pub fn records(&self, n: u64) -> String {
         self.key(format_args!("r:{n}"))
     }

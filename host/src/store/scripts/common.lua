@@ -318,7 +318,7 @@ end
 -- Layout 4: records, trees, inflight (docs/redis-layout.md)
 -- ---------------------------------------------------------------------------------------
 
--- Records. A Life is one compact JSON value (the host builds it: store/record.rs), the
+-- Records. A Life is one compact JSON value (the host builds it: store/record/), the
 -- field `{uuid}` of one of the shard's record buckets `r:{n}`, hashes that stay in Redis's
 -- compact listpack encoding. Buckets are found by linear hashing over the first 32 bits
 -- of the id's SHA-1: `rn` says how many there are; a bucket that grows past
@@ -395,7 +395,7 @@ local function del_record(id)
   redis.call('HDEL', record_key(id), id)
 end
 
--- The header of a record: its first scalars, in the order store/record.rs writes them
+-- The header of a record: its first scalars, in the order store/record/ writes them
 -- (`s` state, `b` birth, `d` death, `r` resource), read with patterns that never reach
 -- the actions or the history after them.
 local function record_head(rec)
@@ -663,7 +663,7 @@ local function resource_conflict(res_key, lo, hi, exclude)
 end
 
 -- Books a Life and its Plans, or nothing (the body of book.lua, shared with book_idem.lua).
--- The host built its record (store/record.rs).
+-- The host built its record (store/record/).
 -- KEYS: 1 due (tree), 2 lives (tree), 3 resource index,
 --       FIRST_PLUGIN_KEY.. the `plugin-lives:{name}` sets of the plugins the actions use
 -- ARGV: 1 prefix, 2 uuid, 3 resource_id ('' = none), 4 birth_ms, 5 death_ms ('' for

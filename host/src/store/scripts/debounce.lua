@@ -6,7 +6,7 @@
 -- does. Otherwise this booking's Life is booked as new and opens the window. The
 -- record, the Lives and their Plans are in the key's shard.
 -- The host read the key's record and its Life first, decided, and built both records
--- (store/record.rs); if either changed meanwhile, 'retry': it reads them again.
+-- (store/record/); if either changed meanwhile, 'retry': it reads them again.
 -- KEYS: 1 debounce record, 2 due (tree), 3 lives (tree), 4 inflight,
 --       5.. the `plugin-lives:{name}` sets of the plugins the action uses
 -- ARGV: 1 prefix, 2 new uuid, 3 birth_ms (now + period), 4 the new Life's record,

@@ -1,6 +1,6 @@
 #!lua flags=allow-oom
 -- finish_life: records a batch of finished runs of Lives' Plans. The host decided what
--- each run leads to (store/record.rs: a point's birth done -> Dead; a term's -> Alive and
+-- each run leads to (store/record/: a point's birth done -> Dead; a term's -> Alive and
 -- its death due; a retry; a failed birth -> Stillbirth; a death failing is retried) and
 -- built the Life's new record; this writes it, with the index changes that go with it,
 -- only under the run's claim.

@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 -- life_apply: changes one Life: its record and the index entries that go with it, all or
 -- nothing, and only if the Life is as the host read it (its record's text, and each
--- Plan's `inflight` entry). The host decided the change (store/record.rs: a PATCH, a
+-- Plan's `inflight` entry). The host decided the change (store/record/: a PATCH, a
 -- DELETE, a debounce merging into the Life, a run handed back after its host died) and
 -- lists the index changes as operations:
 --   due+ PLAN MS | due- PLAN MS      the Plan enters or leaves the due tree
