@@ -1409,6 +1409,36 @@ pub fn flags_with(mut base: Vec<String>, overrides: &[(&str, &str)]) -> Vec<Stri
 }
 
 impl RedisServer {
+    /// The keys under `kairos:` that something booked or stored: all but the keyspace's
+    /// own (what it is, who is alive, who owns which shard, and each shard's census
+    /// while it holds only its mark `v`, no Life counted).
+    pub async fn booked_keys(&self) -> Vec<String> {
+        let mut conn = self.conn().await;
+        let keys: Vec<String> = redis::cmd("KEYS")
+            .arg("kairos:*")
+            .query_async(&mut conn)
+            .await
+            .expect("KEYS answers");
+        let mut out = Vec::new();
+        for k in keys {
+            if matches!(k.as_str(), "kairos:hosts" | "kairos:meta") || k.ends_with(":owner") {
+                continue;
+            }
+            if k.ends_with(":census") {
+                let fields: Vec<String> = redis::cmd("HKEYS")
+                    .arg(&k)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("HKEYS answers");
+                if fields == ["v"] {
+                    continue;
+                }
+            }
+            out.push(k);
+        }
+        out
+    }
+
     /// ZCARD of `key` (0 when it does not exist).
     pub async fn zcard(&self, key: &str) -> i64 {
         let mut conn = self.conn().await;

@@ -43,12 +43,7 @@ fn code(reply: &(u16, Value)) -> (u16, &str) {
 }
 
 async fn key_count(redis: &RedisServer) -> usize {
-    let mut conn = redis.conn().await;
-    let keys: Vec<String> = conn.keys("kairos:*").await.unwrap();
-    // The hosts' own keys: what the keyspace is, who is alive, who owns which shard.
-    keys.into_iter()
-        .filter(|k| k != "kairos:hosts" && k != "kairos:meta" && !k.ends_with(":owner"))
-        .count()
+    redis.booked_keys().await.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,15 +22,7 @@ fn code(reply: &Reply) -> (u16, &str) {
 }
 
 async fn keys(redis: &RedisServer) -> Vec<String> {
-    let mut conn = redis.conn().await;
-    let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("kairos:*")
-        .query_async(&mut conn)
-        .await
-        .unwrap();
-    keys.into_iter()
-        .filter(|k| !matches!(k.as_str(), "kairos:hosts" | "kairos:meta") && !k.ends_with(":owner"))
-        .collect()
+    redis.booked_keys().await
 }
 
 /// Every `/defer` route books, whatever its method: a read token may not.

@@ -602,11 +602,12 @@ async fn a_fold_killed_half_way_is_finished_by_running_it_again() {
     }
 }
 
-/// A host records the format of the records it writes in `kairos:meta` (`records`),
+/// A host that creates the keyspace marks each shard's census exact. A host records the
+/// format of the records it writes in `kairos:meta` (`records`),
 /// raising an older one, and will not open a keyspace of a later format: it could not
 /// read those records, so it says to run the later build instead of misreading them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_host_refuses_records_of_a_later_format_and_raises_an_older_one() {
+async fn a_new_keyspace_is_marked_and_a_later_record_format_refused() {
     let redis = RedisServer::start();
     let host = Host::start(&redis.url(), &[]);
     let format = kairos::store::record::RECORD_FORMAT.to_string();
@@ -618,6 +619,19 @@ async fn a_host_refuses_records_of_a_later_format_and_raises_an_older_one() {
             .to_string()
     };
     assert_eq!(records(&redis), format);
+    // A keyspace created now has every shard's census marked exact (`v`), so that no
+    // listing ever counts a shard's Lives afresh in one long script.
+    for k in redis.keyspace().await.shards() {
+        assert_eq!(
+            redis
+                .cli(&["HGET", &k.census(), "v"])
+                .trim()
+                .trim_matches('"'),
+            "1",
+            "{}",
+            k.census()
+        );
+    }
     drop(host);
 
     // A keyspace written before the field, or by an older format: raised on open.

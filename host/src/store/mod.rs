@@ -508,6 +508,26 @@ async fn open_layout(
             keys.prefix
         )));
     }
+    if meta.is_empty() {
+        // A keyspace created now (by this host or one beside it): its scripts count
+        // every Life from the first, so each shard's census is exact as it stands. Marked
+        // so, it is never counted afresh, which would read every record of the shard in
+        // one script (51 ms a shard at 31,000 Lives, holding Redis).
+        let marks = (0..shards).map(|shard| {
+            let mut conn = conn.clone();
+            let key_prefix = keys.prefix.strip_suffix(':').unwrap_or(&keys.prefix);
+            let census = ShardKeys::new(key_prefix, shard, shards).census();
+            async move {
+                redis::cmd("HSETNX")
+                    .arg(census)
+                    .arg("v")
+                    .arg(1)
+                    .query_async::<i64>(&mut conn)
+                    .await
+            }
+        });
+        futures_util::future::try_join_all(marks).await?;
+    }
     Ok(shards)
 }
 
