@@ -268,39 +268,67 @@ impl Store {
         per_shard: usize,
     ) -> Result<(Vec<(u32, i64, String)>, bool), ApiError> {
         let desc = filter.descending;
-        let reads = shards.iter().map(|&shard| {
-            let mut conn = self.conn();
-            let k = self.shard(shard);
-            let script = &self.scripts.lives_page;
-            let (from, to) = if desc {
-                let top = if pos.0 == i64::MAX {
-                    "+inf".to_string()
-                } else {
-                    pos.0.to_string()
-                };
-                (filter.from_ms.unwrap_or(0).max(0), top)
+        let (from, to) = if desc {
+            let top = if pos.0 == i64::MAX {
+                "+inf".to_string()
             } else {
-                let to = filter
-                    .to_ms
-                    .map_or_else(|| "+inf".to_string(), |t| t.to_string());
-                (pos.0, to)
+                pos.0.to_string()
             };
-            async move {
-                let items: Vec<(String, i64)> = script
-                    .key(k.lives())
-                    .arg(&k.prefix)
-                    .arg(from)
-                    .arg(&pos.1)
-                    .arg(to)
-                    .arg(per_shard)
-                    .arg(if desc { "desc" } else { "asc" })
-                    .invoke_async(&mut conn)
-                    .await?;
-                let members: Vec<Position> = items.into_iter().map(|(id, ms)| (ms, id)).collect();
-                Ok::<_, redis::RedisError>((shard, members))
+            (filter.from_ms.unwrap_or(0).max(0), top)
+        } else {
+            let to = filter
+                .to_ms
+                .map_or_else(|| "+inf".to_string(), |t| t.to_string());
+            (pos.0, to)
+        };
+        let order = if desc { "desc" } else { "asc" };
+        let members = |items: Vec<(String, i64)>| -> Vec<Position> {
+            items.into_iter().map(|(id, ms)| (ms, id)).collect()
+        };
+        let results: Vec<(u32, Vec<Position>)> = if self.target.is_cluster() {
+            // Each shard in its own slot: a call per shard, all at once.
+            let reads = shards.iter().map(|&shard| {
+                let mut conn = self.conn();
+                let k = self.shard(shard);
+                let script = &self.scripts.lives_page;
+                let to = &to;
+                async move {
+                    let items: Vec<(String, i64)> = script
+                        .key(k.lives())
+                        .arg(&k.prefix)
+                        .arg(from)
+                        .arg(&pos.1)
+                        .arg(to)
+                        .arg(per_shard)
+                        .arg(order)
+                        .invoke_async(&mut conn)
+                        .await?;
+                    Ok::<_, redis::RedisError>((shard, members(items)))
+                }
+            });
+            futures_util::future::try_join_all(reads).await?
+        } else {
+            // One Redis holds every shard: one call reads them all, which costs Redis
+            // far less than a call per shard (each call's own work, its helpers).
+            let mut invocation = self.scripts.lives_pages.prepare_invoke();
+            for &shard in shards {
+                invocation.key(self.shard(shard).lives());
             }
-        });
-        let results = futures_util::future::try_join_all(reads).await?;
+            let pages: Vec<Vec<(String, i64)>> = invocation
+                .arg(&self.shard(shards[0]).prefix)
+                .arg(from)
+                .arg(&pos.1)
+                .arg(&to)
+                .arg(per_shard)
+                .arg(order)
+                .invoke_async(&mut self.conn())
+                .await?;
+            shards
+                .iter()
+                .copied()
+                .zip(pages.into_iter().map(members))
+                .collect()
+        };
         // A shard that returned a full batch may have more past its last member: only
         // what comes before the nearest such last member is known to be complete.
         let lasts = results

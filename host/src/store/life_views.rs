@@ -130,6 +130,9 @@ impl Store {
             by_shard.entry(shard).or_default().push((i, uuid));
         }
         let total = by_shard.values().map(Vec::len).sum();
+        if !self.target.is_cluster() && by_shard.len() > 1 {
+            return self.summaries_at_once(by_shard, total).await;
+        }
         let reads = by_shard.into_iter().map(|(shard, items)| {
             let mut conn = self.conn();
             let k = self.shard(shard);
@@ -145,21 +148,57 @@ impl Store {
                 Ok::<_, redis::RedisError>(items.into_iter().map(|(i, _)| i).zip(found))
             }
         });
-        let mut out = vec![None; total];
-        for part in futures_util::future::try_join_all(reads).await? {
-            for (i, (text, birth, death)) in part {
-                if text.is_empty() {
-                    continue;
-                }
-                let Ok(record) = LifeRecord::from_json(&text) else {
-                    continue;
-                };
-                let (birth, death) = (Inflight::parse(&birth), Inflight::parse(&death));
-                out[i] = Some(record.hashes([birth.as_ref(), death.as_ref()]).0);
+        let found = futures_util::future::try_join_all(reads).await?;
+        Ok(summaries(total, found.into_iter().flatten()))
+    }
+
+    /// `summaries_by_shard` on a standalone Redis, which holds every shard: one call
+    /// (`records_get_all`) for them all.
+    async fn summaries_at_once(
+        &self,
+        by_shard: HashMap<u32, Vec<(usize, String)>>,
+        total: usize,
+    ) -> Result<Vec<Option<Hash>>, ApiError> {
+        let mut invocation = self.scripts.records_get_all.prepare_invoke();
+        let mut order = Vec::with_capacity(total);
+        let mut first = true;
+        for (shard, items) in &by_shard {
+            let k = self.shard(*shard);
+            invocation.key(k.inflight());
+            if first {
+                invocation.arg(&k.prefix);
+                first = false;
+            }
+            invocation.arg(&k.prefix).arg(items.len());
+            for (i, uuid) in items {
+                invocation.arg(uuid);
+                order.push(*i);
             }
         }
-        Ok(out)
+        let found: Vec<(String, String, String)> =
+            invocation.invoke_async(&mut self.conn()).await?;
+        Ok(summaries(total, order.into_iter().zip(found)))
     }
+}
+
+/// The Lives read for a page, each at its place: `found` gives each place its record and
+/// its Plans' `inflight` entries ('' for none).
+fn summaries(
+    total: usize,
+    found: impl Iterator<Item = (usize, (String, String, String))>,
+) -> Vec<Option<Hash>> {
+    let mut out = vec![None; total];
+    for (i, (text, birth, death)) in found {
+        if text.is_empty() {
+            continue;
+        }
+        let Ok(record) = LifeRecord::from_json(&text) else {
+            continue;
+        };
+        let (birth, death) = (Inflight::parse(&birth), Inflight::parse(&death));
+        out[i] = Some(record.hashes([birth.as_ref(), death.as_ref()]).0);
+    }
+    out
 }
 
 /// The fields of a Life common to the list and the detail view.
