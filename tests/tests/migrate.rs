@@ -11,6 +11,19 @@ use std::time::Duration;
 use kairos_e2e::*;
 use serde_json::{json, Value};
 
+/// Starts `kairos serve` on `redis`, which must refuse to start: its stderr.
+fn serve_refused(redis: &RedisServer) -> String {
+    let (code, _, err) = kairos_command(&[
+        "serve",
+        "--redis-url",
+        &redis.url(),
+        "--listen",
+        &format!("127.0.0.1:{}", free_port()),
+    ]);
+    assert_ne!(code, 0, "kairos serve started: {err}");
+    err
+}
+
 fn fixture(name: &str) -> String {
     fixture_of("preshard", name)
 }
@@ -34,14 +47,7 @@ async fn a_keyspace_written_before_shards_is_migrated_whole() {
     let sink = Sink::start().await;
 
     // A host of this build will not work on the old layout, and says what to do.
-    let (code, _, err) = kairos_command(&[
-        "serve",
-        "--redis-url",
-        &redis.url(),
-        "--listen",
-        &format!("127.0.0.1:{}", free_port()),
-    ]);
-    assert_ne!(code, 0);
+    let err = serve_refused(&redis);
     assert!(err.contains("kairos migrate"), "{err}");
 
     let out = migrate(&redis);
@@ -196,14 +202,7 @@ async fn a_keyspace_with_a_hash_per_plan_is_folded_into_records() {
     // The fixture is what that build wrote: a hash for each of the 9 Plans of 7 Lives.
     assert_eq!(plan_keys(&redis).len(), 9);
 
-    let (code, _, err) = kairos_command(&[
-        "serve",
-        "--redis-url",
-        &redis.url(),
-        "--listen",
-        &format!("127.0.0.1:{}", free_port()),
-    ]);
-    assert_ne!(code, 0);
+    let err = serve_refused(&redis);
     assert!(
         err.contains("layout 2") && err.contains("kairos migrate"),
         "{err}"
@@ -336,14 +335,7 @@ async fn a_keyspace_with_a_hash_per_life_is_folded_into_records() {
     let hashes = layout3_keys(&redis);
     assert_eq!(hashes.len(), 10, "a hash per Life: {hashes:?}");
 
-    let (code, _, err) = kairos_command(&[
-        "serve",
-        "--redis-url",
-        &redis.url(),
-        "--listen",
-        &format!("127.0.0.1:{}", free_port()),
-    ]);
-    assert_ne!(code, 0);
+    let err = serve_refused(&redis);
     assert!(
         err.contains("layout 3") && err.contains("kairos migrate"),
         "{err}"
@@ -643,14 +635,7 @@ async fn a_new_keyspace_is_marked_and_a_later_record_format_refused() {
     // A later format: refused, and the keyspace left as it is.
     let later = (kairos::store::record::RECORD_FORMAT + 1).to_string();
     redis.cli(&["HSET", "kairos:meta", "records", &later]);
-    let (code, _, err) = kairos_command(&[
-        "serve",
-        "--redis-url",
-        &redis.url(),
-        "--listen",
-        &format!("127.0.0.1:{}", free_port()),
-    ]);
-    assert_ne!(code, 0);
+    let err = serve_refused(&redis);
     assert!(
         err.contains(&format!("records of format {later}")) && err.contains("later kairos"),
         "{err}"
