@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
-use super::record::{Inflight, LifeRecord};
+use super::record::LifeRecord;
 use super::{rfc3339, Store};
 use crate::error::ApiError;
 use crate::model::{NewLife, PlanKind};
@@ -119,7 +119,7 @@ impl Store {
             .collect()
     }
 
-    /// The Lives' fields as layout 3's hash held them (None: gone), one script call per
+    /// The Lives' own fields as layout 3's hash held them, without runs (None: gone), one script call per
     /// shard (`scripts/records_get.lua`), all shards at once; in the order asked.
     pub(crate) async fn summaries_by_shard(
         &self,
@@ -143,8 +143,7 @@ impl Store {
                 for (_, uuid) in &items {
                     invocation.arg(uuid);
                 }
-                let found: Vec<(String, String, String)> =
-                    invocation.invoke_async(&mut conn).await?;
+                let found: Vec<String> = invocation.invoke_async(&mut conn).await?;
                 Ok::<_, redis::RedisError>(items.into_iter().map(|(i, _)| i).zip(found))
             }
         });
@@ -164,7 +163,6 @@ impl Store {
         let mut first = true;
         for (shard, items) in &by_shard {
             let k = self.shard(*shard);
-            invocation.key(k.inflight());
             if first {
                 invocation.arg(&k.prefix);
                 first = false;
@@ -175,28 +173,23 @@ impl Store {
                 order.push(*i);
             }
         }
-        let found: Vec<(String, String, String)> =
-            invocation.invoke_async(&mut self.conn()).await?;
+        let found: Vec<String> = invocation.invoke_async(&mut self.conn()).await?;
         Ok(summaries(total, order.into_iter().zip(found)))
     }
 }
 
-/// The Lives read for a page, each at its place: `found` gives each place its record and
-/// its Plans' `inflight` entries ('' for none).
-fn summaries(
-    total: usize,
-    found: impl Iterator<Item = (usize, (String, String, String))>,
-) -> Vec<Option<Hash>> {
+/// The Lives read for a page, each at its place: `found` gives each place its record
+/// ('' for none). A summary shows the Life's own fields, not its Plans' or its runs'.
+fn summaries(total: usize, found: impl Iterator<Item = (usize, String)>) -> Vec<Option<Hash>> {
     let mut out = vec![None; total];
-    for (i, (text, birth, death)) in found {
+    for (i, text) in found {
         if text.is_empty() {
             continue;
         }
         let Ok(record) = LifeRecord::from_json(&text) else {
             continue;
         };
-        let (birth, death) = (Inflight::parse(&birth), Inflight::parse(&death));
-        out[i] = Some(record.hashes([birth.as_ref(), death.as_ref()]).0);
+        out[i] = Some(record.life_hash());
     }
     out
 }

@@ -434,10 +434,9 @@ impl LifeRecord {
         Ok(record)
     }
 
-    /// The Life, its birth and its death as layout 3's hashes held them, so that the API
-    /// renders both layouts alike: `inflight` is each Plan's entry in the shard's
-    /// `inflight` hash (Preset or Running), if any.
-    pub fn hashes(&self, inflight: [Option<&Inflight>; 2]) -> (Hash, Hash, Hash) {
+    /// The Life's own fields as layout 3's hash held them, without its runs: what a
+    /// listing shows of it ([`LifeRecord::hashes`] adds the runs).
+    pub fn life_hash(&self) -> Hash {
         let mut life = Hash::new();
         let put = |h: &mut Hash, k: &str, v: String| {
             h.insert(k.to_string(), v);
@@ -486,10 +485,17 @@ impl LifeRecord {
                 put(&mut life, "outcome_reason", reason);
             }
         }
+        life
+    }
+
+    /// The Life, its birth and its death as layout 3's hashes held them, so that the API
+    /// renders both layouts alike: `inflight` is each Plan's entry in the shard's
+    /// `inflight` hash (Preset or Running), if any.
+    pub fn hashes(&self, inflight: [Option<&Inflight>; 2]) -> (Hash, Hash, Hash) {
+        let mut life = self.life_hash();
         for run in &self.runs {
-            put(
-                &mut life,
-                &format!("run:{}:{}", run.kind_word(), run.attempt),
+            life.insert(
+                format!("run:{}:{}", run.kind_word(), run.attempt),
                 run.view().to_string(),
             );
         }

@@ -1,11 +1,9 @@
--- records_get: the records of Lives (for a page of a listing), and each Plan's
--- `inflight` entry: per id, {record or '', birth's entry or '', death's entry or ''}.
--- KEYS: 1 inflight
+-- records_get: the records of Lives of the shard (for a page of a listing), '' for one
+-- that is not there.
+-- KEYS: 1 the shard's inflight (unread: it names the shard, and so the node to call)
 -- ARGV: 1 prefix, then ids
 local out = {}
 for i = 2, #ARGV do
-  local uuid = ARGV[i]
-  local f = redis.call('HMGET', KEYS[1], uuid .. ':birth', uuid .. ':death')
-  out[#out + 1] = {get_record(uuid) or '', f[1] or '', f[2] or ''}
+  out[#out + 1] = get_record(ARGV[i]) or ''
 end
 return out
