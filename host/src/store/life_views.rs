@@ -119,8 +119,9 @@ impl Store {
             .collect()
     }
 
-    /// The Lives' own fields as layout 3's hash held them, without runs (None: gone), one script call per
-    /// shard (`scripts/records_get.lua`), all shards at once; in the order asked.
+    /// The Lives' own fields as layout 3's hash held them, without their runs (None:
+    /// gone), in the order asked: one script call per shard (`scripts/records_get.lua`),
+    /// all shards at once, or one call in all on a standalone Redis.
     pub(crate) async fn summaries_by_shard(
         &self,
         lives: Vec<(u32, String)>,
