@@ -160,14 +160,11 @@ impl Store {
         total: usize,
     ) -> Result<Vec<Option<Hash>>, ApiError> {
         let mut invocation = self.scripts.records_get_all.prepare_invoke();
+        // No one shard's prefix: each shard's comes with its ids (`enter_shard`).
+        invocation.arg("");
         let mut order = Vec::with_capacity(total);
-        let mut first = true;
         for (shard, items) in &by_shard {
             let k = self.shard(*shard);
-            if first {
-                invocation.arg(&k.prefix);
-                first = false;
-            }
             invocation.arg(&k.prefix).arg(items.len());
             for (i, uuid) in items {
                 invocation.arg(uuid);

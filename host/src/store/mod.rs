@@ -102,7 +102,7 @@ impl Keys {
             prefix: format!("{prefix}:"),
         }
     }
-    /// What the keyspace is: `layout`, `shards`, `created_at`.
+    /// What the keyspace is: `layout`, `shards`, `created_at`, `records`.
     pub fn meta(&self) -> String {
         format!("{}meta", self.prefix)
     }
@@ -122,6 +122,11 @@ impl Keys {
     /// Follow-up bookings of a plugin in one second.
     pub fn plugin_bookings(&self, plugin: &str, second: i64) -> String {
         format!("{}plugin-bookings:{plugin}:{second}", self.prefix)
+    }
+    /// The keys of shard `i` of a keyspace of `count` shards.
+    pub fn shard(&self, i: u32, count: u32) -> ShardKeys {
+        let configured = self.prefix.strip_suffix(':').unwrap_or(&self.prefix);
+        ShardKeys::new(configured, i, count)
     }
     /// Keys that only a keyspace written before shards has.
     pub fn legacy(&self) -> Vec<String> {
@@ -517,8 +522,7 @@ async fn open_layout(
         // one script (51 ms a shard at 31,000 Lives, holding Redis).
         let marks = (0..shards).map(|shard| {
             let mut conn = conn.clone();
-            let key_prefix = keys.prefix.strip_suffix(':').unwrap_or(&keys.prefix);
-            let census = ShardKeys::new(key_prefix, shard, shards).census();
+            let census = keys.shard(shard, shards).census();
             async move {
                 redis::cmd("HSETNX")
                     .arg(census)

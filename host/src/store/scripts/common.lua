@@ -377,18 +377,21 @@ end
 
 -- Writes the record of a new Life: false, writing nothing, when one is there already.
 -- One HSETNX where a look and a write took two commands.
+-- A record was added to bucket KEY: past RECORDS_SPLIT_AT, the next bucket in turn splits.
+local function record_added(key)
+  if redis.call('HLEN', key) > RECORDS_SPLIT_AT then split_records() end
+end
+
 local function put_new_record(id, rec)
   local key = record_key(id)
   if redis.call('HSETNX', key, id, rec) == 0 then return false end
-  if redis.call('HLEN', key) > RECORDS_SPLIT_AT then split_records() end
+  record_added(key)
   return true
 end
 
 local function put_record(id, rec)
   local key = record_key(id)
-  if redis.call('HSET', key, id, rec) == 1 and redis.call('HLEN', key) > RECORDS_SPLIT_AT then
-    split_records()
-  end
+  if redis.call('HSET', key, id, rec) == 1 then record_added(key) end
 end
 
 -- A script that reads many shards of one standalone Redis (a page of the listing) moves
