@@ -18,10 +18,10 @@ use serde_json::Value;
 
 use super::life_views::life_summary;
 use super::outcome::Outcome;
+use super::record::LifeRecord;
 use super::{lives_member, Store};
 use crate::error::ApiError;
 
-type Hash = HashMap<String, String>;
 /// Sorted-set members with their scores, as Redis answers them.
 type Scored = Vec<(String, i64)>;
 
@@ -63,14 +63,11 @@ impl ListFilter {
         }
     }
 
-    fn matches(&self, life: &Hash) -> bool {
-        let field = |k: &str| life.get(k).map(String::as_str);
-        self.state
-            .as_deref()
-            .is_none_or(|s| field("state") == Some(s))
+    fn matches(&self, life: &LifeRecord) -> bool {
+        self.state.as_deref().is_none_or(|s| life.state == s)
             && self
                 .outcome
-                .is_none_or(|o| field("outcome") == Some(o.as_str()))
+                .is_none_or(|o| Outcome::of(life).is_some_and(|(of, _)| of == o))
     }
 }
 
@@ -462,9 +459,7 @@ impl Store {
             for ((_, ms, uuid), life) in merged.into_iter().zip(lives) {
                 pos = (ms, uuid.clone());
                 let Some(life) = life else { continue };
-                if outcome
-                    .is_some_and(|o| life.get("outcome").map(String::as_str) != Some(o.as_str()))
-                {
+                if outcome.is_some_and(|o| Outcome::of(&life).is_none_or(|(of, _)| of != o)) {
                     continue;
                 }
                 page.push(Value::Object(life_summary(&uuid, &life, self.timezone)));
@@ -515,10 +510,14 @@ mod tests {
             Ok(Some("Dead"))
         );
         assert_eq!(f(Some("Dead"), Some("cancelled")).needed_state(), Err(()));
-        let life: Hash = [("state", "Dead"), ("outcome", "death_failed")]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        // A term whose death failed.
+        let mut life = LifeRecord::from_json(
+            r#"{"b":1,"d":2,"c":0,"a":{"path":"/a","method":"POST"},"x":{"path":"/b","method":"POST"}}"#,
+        )
+        .unwrap();
+        life.state = "Dead".into();
+        life.birth.state = Some("Done".into());
+        life.death.state = Some("Failed".into());
         assert!(f(Some("Dead"), None).matches(&life));
         assert!(f(None, Some("death_failed")).matches(&life));
         assert!(!f(None, Some("succeeded")).matches(&life));

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use serde_json::{json, Map, Value};
 
+use super::outcome::Outcome;
 use super::record::LifeRecord;
 use super::{rfc3339, Store};
 use crate::error::ApiError;
@@ -23,8 +24,8 @@ impl Store {
         let Some(loaded) = self.load(uuid).await? else {
             return Ok(None);
         };
+        let mut view = life_summary(uuid, &loaded.record, self.timezone);
         let (life, birth, death) = loaded.record.hashes(loaded.inflight_refs());
-        let mut view = life_summary(uuid, &life, self.timezone);
         let plans: Vec<Value> = [(PlanKind::Birth, birth), (PlanKind::Death, death)]
             .iter()
             .filter(|(_, p)| !p.is_empty())
@@ -119,13 +120,12 @@ impl Store {
             .collect()
     }
 
-    /// The Lives' own fields as layout 3's hash held them, without their runs (None:
-    /// gone), in the order asked: one script call per shard (`scripts/records_get.lua`),
+    /// The Lives' records (None: gone), in the order asked: one script call per shard (`scripts/records_get.lua`),
     /// all shards at once, or one call in all on a standalone Redis.
     pub(crate) async fn summaries_by_shard(
         &self,
         lives: Vec<(u32, String)>,
-    ) -> Result<Vec<Option<Hash>>, ApiError> {
+    ) -> Result<Vec<Option<LifeRecord>>, ApiError> {
         let mut by_shard: HashMap<u32, Vec<(usize, String)>> = HashMap::new();
         for (i, (shard, uuid)) in lives.into_iter().enumerate() {
             by_shard.entry(shard).or_default().push((i, uuid));
@@ -158,7 +158,7 @@ impl Store {
         &self,
         by_shard: HashMap<u32, Vec<(usize, String)>>,
         total: usize,
-    ) -> Result<Vec<Option<Hash>>, ApiError> {
+    ) -> Result<Vec<Option<LifeRecord>>, ApiError> {
         let mut invocation = self.scripts.records_get_all.prepare_invoke();
         // No one shard's prefix: each shard's comes with its ids (`enter_shard`).
         invocation.arg("");
@@ -177,80 +177,67 @@ impl Store {
 }
 
 /// The Lives read for a page, each at its place: `found` gives each place its record
-/// ('' for none). A summary shows the Life's own fields, not its Plans' or its runs'.
-fn summaries(total: usize, found: impl Iterator<Item = (usize, String)>) -> Vec<Option<Hash>> {
+/// ('' for none).
+fn summaries(
+    total: usize,
+    found: impl Iterator<Item = (usize, String)>,
+) -> Vec<Option<LifeRecord>> {
     let mut out = vec![None; total];
     for (i, text) in found {
         if text.is_empty() {
             continue;
         }
-        let Ok(record) = LifeRecord::from_json(&text) else {
-            continue;
-        };
-        out[i] = Some(record.life_hash());
+        out[i] = LifeRecord::from_json(&text).ok();
     }
     out
 }
 
-/// The fields of a Life common to the list and the detail view.
-/// What the API shows of a Life, from its hash; times are kept in ms and rendered here
-/// in `tz` (hashes written before 0.2 also kept an RFC 3339 `created_at`).
-pub(super) fn life_summary(uuid: &str, life: &Hash, tz: chrono_tz::Tz) -> Map<String, Value> {
+/// The fields of a Life common to the list and the detail view, straight from its
+/// record; times are kept in ms and rendered here in `tz`.
+pub(super) fn life_summary(uuid: &str, rec: &LifeRecord, tz: chrono_tz::Tz) -> Map<String, Value> {
     let mut out = Map::new();
-    let text = |k: &str| {
-        life.get(k)
-            .cloned()
-            .map(Value::String)
-            .unwrap_or(Value::Null)
-    };
-    let num = |k: &str| {
-        life.get(k)
-            .and_then(|v| v.parse::<i64>().ok())
-            .map(Value::from)
-            .unwrap_or(Value::Null)
-    };
+    let text = |v: Option<&str>| v.map_or(Value::Null, |s| Value::String(s.to_string()));
+    let num = |ms: Option<i64>| ms.map_or(Value::Null, Value::from);
+    let time = |ms: Option<i64>| ms.map_or(Value::Null, |ms| Value::String(rfc3339(ms, tz)));
     out.insert("life_uuid".into(), Value::String(uuid.to_string()));
-    out.insert("schedule_type".into(), text("schedule_type"));
-    out.insert("state".into(), text("state"));
-    out.insert("resource_id".into(), text("resource_id"));
-    let time = |k: &str| {
-        life.get(k)
-            .and_then(|v| v.parse::<i64>().ok())
-            .map(|ms| Value::String(rfc3339(ms, tz)))
-            .unwrap_or(Value::Null)
-    };
-    out.insert("birth_time".into(), time("birth_at_ms"));
-    out.insert("birth_time_ms".into(), num("birth_at_ms"));
-    out.insert("death_time".into(), time("death_at_ms"));
-    out.insert("death_time_ms".into(), num("death_at_ms"));
-    let created = match time("created_at_ms") {
-        Value::Null => text("created_at"),
-        at => at,
-    };
-    out.insert("created_at".into(), created);
-    out.insert("updated_at_ms".into(), num("updated_at_ms"));
-    if life.contains_key("finished_at_ms") {
-        out.insert("finished_at".into(), time("finished_at_ms"));
-        out.insert("finished_at_ms".into(), num("finished_at_ms"));
+    let schedule_type = if rec.is_term() { "term" } else { "point" };
+    out.insert("schedule_type".into(), Value::String(schedule_type.into()));
+    out.insert("state".into(), Value::String(rec.state.clone()));
+    out.insert("resource_id".into(), text(rec.resource_id.as_deref()));
+    out.insert("birth_time".into(), time(Some(rec.birth_ms)));
+    out.insert("birth_time_ms".into(), num(Some(rec.birth_ms)));
+    out.insert("death_time".into(), time(rec.death_ms));
+    out.insert("death_time_ms".into(), num(rec.death_ms));
+    out.insert("created_at".into(), time(Some(rec.created_ms)));
+    out.insert(
+        "updated_at_ms".into(),
+        num(rec.updated_ms.or(rec.finished_ms)),
+    );
+    if rec.finished_ms.is_some() {
+        out.insert("finished_at".into(), time(rec.finished_ms));
+        out.insert("finished_at_ms".into(), num(rec.finished_ms));
     }
     // What a finished Life came to (store::outcome); null while it is unfinished.
-    out.insert("outcome".into(), text("outcome"));
-    if life.contains_key("outcome_reason") {
-        out.insert("outcome_reason".into(), text("outcome_reason"));
+    let outcome = Outcome::of(rec);
+    out.insert(
+        "outcome".into(),
+        text(outcome.as_ref().map(|(o, _)| o.as_str())),
+    );
+    if let Some((_, Some(reason))) = outcome {
+        out.insert("outcome_reason".into(), Value::String(reason));
     }
-    if life.get("cancel_requested").map(String::as_str) == Some("1") {
+    if rec.cancel_requested {
         out.insert("cancel_requested".into(), Value::Bool(true));
     }
-    if life.contains_key("callback_of") {
+    if let Some(of) = &rec.callback_of {
         // The Plan whose outcome this Life reports (see model::Callbacks).
-        out.insert("callback_of".into(), text("callback_of"));
+        out.insert("callback_of".into(), Value::String(of.clone()));
     }
-    if life.contains_key("debounce_key") {
+    if let Some(key) = &rec.debounce_key {
         // Bookings of its debounce key merged into it, besides the one that opened it.
-        let merged = life.get("debounced").and_then(|n| n.parse::<i64>().ok());
         out.insert(
             "debounce".into(),
-            json!({"key": text("debounce_key"), "bookings": 1 + merged.unwrap_or(0)}),
+            json!({"key": key, "bookings": 1 + rec.debounced}),
         );
     }
     out

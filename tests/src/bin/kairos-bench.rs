@@ -922,6 +922,10 @@ async fn bench_pending_million() {
     let timed = |lat: &mut Vec<i64>, t: Instant| lat.push(t.elapsed().as_micros() as i64);
     let (mut list, mut by_id, mut ids) = (Vec::new(), Vec::new(), Vec::new());
     let mut cursor: Option<String> = None;
+    let (redis_before, host_before) = (
+        redis_cpu_us(&redis).await,
+        host.pid().and_then(process_cpu_us),
+    );
     for _ in 0..200 {
         let path = match &cursor {
             Some(c) => format!("/schedules?limit=50&cursor={c}"),
@@ -940,6 +944,10 @@ async fn bench_pending_million() {
         );
         cursor = page["next_cursor"].as_str().map(String::from);
     }
+    let redis_per_page = (redis_cpu_us(&redis).await - redis_before) / 200.0;
+    let host_per_page = host_before
+        .zip(host.pid().and_then(process_cpu_us))
+        .map(|(b, a)| (a - b) / 200.0);
     for id in ids.iter().step_by(ids.len() / 200) {
         let t = Instant::now();
         let (status, _) = api.get(&format!("/schedules/{id}")).await;
@@ -953,6 +961,11 @@ async fn bench_pending_million() {
         "| `GET /schedules?limit=50`, 200 pages in turn, p50 / p99 | {:.2} / {:.2} ms |",
         ms(percentile(&list, 0.5)),
         ms(percentile(&list, 0.99))
+    );
+    println!(
+        "| the same pages: Redis CPU / host process CPU per page | {:.0} / {} µs |",
+        redis_per_page,
+        host_per_page.map_or("?".into(), |h| format!("{h:.0}"))
     );
     println!(
         "| `GET /schedules/{{id}}`, {} Lives, p50 / p99 | {:.2} / {:.2} ms |",
