@@ -504,6 +504,34 @@ local function tree_rem(tree, score, member)
   return removed
 end
 
+-- Reads LEAF's members from score FROM to TO (ZRANGEBYSCORE, or ZREVRANGEBYSCORE when
+-- DESC) into OUT, {member, score, ...}, until OUT holds LIMIT, leaving out those at FROM
+-- up to CURSOR going up, down to it going down (CURSOR '': none): whether OUT is full.
+-- A leaf is read in pieces of what the page still lacks (and one more for the member at
+-- the cursor, skipped), not whole: it holds up to TREE_LEAF_MAX members and each one
+-- read costs the Lua bridge.
+local function leaf_read(out, leaf, from, to, cursor, limit, desc)
+  local command = desc and 'ZREVRANGEBYSCORE' or 'ZRANGEBYSCORE'
+  local offset = 0
+  while true do
+    local want = limit - #out / 2 + 1
+    local items = redis.call(command, leaf, from, to, 'WITHSCORES', 'LIMIT', offset, want)
+    for i = 1, #items, 2 do
+      local skip = false
+      if cursor ~= '' and tonumber(items[i + 1]) == tonumber(from) then
+        if desc then skip = bytes_le(cursor, items[i]) else skip = bytes_le(items[i], cursor) end
+      end
+      if not skip then
+        out[#out + 1] = items[i]
+        out[#out + 1] = items[i + 1]
+        if #out / 2 >= limit then return true end
+      end
+    end
+    if #items / 2 < want then return false end
+    offset = offset + #items / 2
+  end
+end
+
 -- Up to LIMIT {member, score, ...} of TREE from (MIN, AFTER) (exclusive; AFTER '' for
 -- every member at MIN) to score MAX (a number or '+inf'), in (score, member) order.
 local function tree_range(tree, min, after, max, limit)
@@ -523,26 +551,8 @@ local function tree_range(tree, min, after, max, limit)
     if not entry then return out end
   end
   while entry do
-    local leaf = tree .. ':' .. leaf_id_of(entry)
-    -- Read a leaf in pieces of what the page still lacks (and one more for the member
-    -- at the cursor, skipped), not whole: a leaf holds up to TREE_LEAF_MAX members and
-    -- each one read costs the Lua bridge.
-    local offset = 0
-    while true do
-      local want = limit - #out / 2 + 1
-      local items = redis.call('ZRANGEBYSCORE', leaf, min, max, 'WITHSCORES',
-        'LIMIT', offset, want)
-      for i = 1, #items, 2 do
-        local skip = after ~= '' and tonumber(items[i + 1]) == tonumber(min)
-          and bytes_le(items[i], after)
-        if not skip then
-          out[#out + 1] = items[i]
-          out[#out + 1] = items[i + 1]
-          if #out / 2 >= limit then return out end
-        end
-      end
-      if #items / 2 < want then break end
-      offset = offset + #items / 2
+    if leaf_read(out, tree .. ':' .. leaf_id_of(entry), min, max, after, limit, false) then
+      return out
     end
     local nxt = redis.call('ZRANGEBYLEX', tree, '(' .. entry, '+', 'LIMIT', 0, 1)[1]
     if not nxt or (max ~= '+inf' and tonumber(string.sub(nxt, 1, 13)) > tonumber(max)) then
@@ -570,23 +580,8 @@ local function tree_rev_range(tree, max, before, min, limit)
   end
   local lo = tonumber(min)
   while entry do
-    local leaf = tree .. ':' .. leaf_id_of(entry)
-    local offset = 0
-    while true do
-      local want = limit - #out / 2 + 1
-      local items = redis.call('ZREVRANGEBYSCORE', leaf, max, min, 'WITHSCORES',
-        'LIMIT', offset, want)
-      for i = 1, #items, 2 do
-        local skip = before ~= '' and tonumber(items[i + 1]) == tonumber(max)
-          and bytes_le(before, items[i])
-        if not skip then
-          out[#out + 1] = items[i]
-          out[#out + 1] = items[i + 1]
-          if #out / 2 >= limit then return out end
-        end
-      end
-      if #items / 2 < want then break end
-      offset = offset + #items / 2
+    if leaf_read(out, tree .. ':' .. leaf_id_of(entry), max, min, before, limit, true) then
+      return out
     end
     -- Every leaf before this one holds members below this one's first.
     if tonumber(string.sub(entry, 1, 13)) < lo then return out end
