@@ -341,7 +341,15 @@ async fn bench_booking(fsync: &'static str) {
     book_many(&host, 2_000, 64, true, move |i| far + i as i64).await;
     let before = used_memory(&redis).await;
     let count = 100_000;
+    let (redis_before, host_before) = (
+        redis_cpu_us(&redis).await,
+        host.pid().and_then(process_cpu_us),
+    );
     let (secs, lat) = book_many(&host, count, 64, true, move |i| far + 10_000 + i as i64).await;
+    let redis_per = (redis_cpu_us(&redis).await - redis_before) / count as f64;
+    let host_per = host_before
+        .zip(host.pid().and_then(process_cpu_us))
+        .map(|(b, a)| (a - b) / count as f64);
     let after = used_memory(&redis).await;
     let per_booking = (after - before) as f64 / count as f64;
     println!("| measure | result |\n|---|---|");
@@ -351,6 +359,10 @@ async fn bench_booking(fsync: &'static str) {
         percentile(&lat, 0.5) as f64 / 1000.0,
         percentile(&lat, 0.99) as f64 / 1000.0,
         percentile(&lat, 1.0) as f64 / 1000.0
+    );
+    println!(
+        "| Redis CPU / host process CPU per booking, same span | {redis_per:.1} / {} µs |",
+        host_per.map_or("?".into(), |h| format!("{h:.1}"))
     );
     println!("| Redis `used_memory` per pending point booking (small webhook action) | **{per_booking:.0} bytes** |");
     println!(
