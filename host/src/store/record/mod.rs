@@ -434,9 +434,10 @@ impl LifeRecord {
         Ok(record)
     }
 
-    /// The Life's own fields as layout 3's hash held them, without its runs: what a
-    /// listing shows of it ([`LifeRecord::hashes`] adds the runs).
-    pub fn life_hash(&self) -> Hash {
+    /// The Life's own fields as layout 3's hash held them, without its runs (for
+    /// [`LifeRecord::hashes`], which adds them). A listing's summary reads the record
+    /// itself (`life_views::life_summary`).
+    fn life_hash(&self) -> Hash {
         let mut life = Hash::new();
         let put = |h: &mut Hash, k: &str, v: String| {
             h.insert(k.to_string(), v);
