@@ -341,15 +341,9 @@ async fn bench_booking(fsync: &'static str) {
     book_many(&host, 2_000, 64, true, move |i| far + i as i64).await;
     let before = used_memory(&redis).await;
     let count = 100_000;
-    let (redis_before, host_before) = (
-        redis_cpu_us(&redis).await,
-        host.pid().and_then(process_cpu_us),
-    );
+    let span = CpuSpan::start(&redis, &host).await;
     let (secs, lat) = book_many(&host, count, 64, true, move |i| far + 10_000 + i as i64).await;
-    let redis_per = (redis_cpu_us(&redis).await - redis_before) / count as f64;
-    let host_per = host_before
-        .zip(host.pid().and_then(process_cpu_us))
-        .map(|(b, a)| (a - b) / count as f64);
+    let (redis_per, host_per) = span.per(&redis, count).await;
     let after = used_memory(&redis).await;
     let per_booking = (after - before) as f64 / count as f64;
     println!("| measure | result |\n|---|---|");
@@ -622,6 +616,35 @@ async fn redis_cpu_us(redis: &RedisServer) -> f64 {
     (field("used_cpu_sys") + field("used_cpu_user")) * 1e6
 }
 
+/// Redis's and a host process's CPU time at the start of a measured span.
+struct CpuSpan {
+    redis_us: f64,
+    host_pid: Option<u32>,
+    host_us: Option<f64>,
+}
+
+impl CpuSpan {
+    async fn start(redis: &RedisServer, host: &Host) -> CpuSpan {
+        let host_pid = host.pid();
+        CpuSpan {
+            redis_us: redis_cpu_us(redis).await,
+            host_pid,
+            host_us: host_pid.and_then(process_cpu_us),
+        }
+    }
+
+    /// CPU per operation since the start, `n` operations, in µs: Redis's, and the host's
+    /// where `/proc` tells it.
+    async fn per(&self, redis: &RedisServer, n: usize) -> (f64, Option<f64>) {
+        let redis_per = (redis_cpu_us(redis).await - self.redis_us) / n as f64;
+        let host_per = self
+            .host_us
+            .zip(self.host_pid.and_then(process_cpu_us))
+            .map(|(b, a)| (a - b) / n as f64);
+        (redis_per, host_per)
+    }
+}
+
 /// CPU time (user + system) process `pid` has used so far, in µs, from
 /// `/proc/<pid>/stat` (fields 14 and 15, in clock ticks); None off Linux.
 fn process_cpu_us(pid: u32) -> Option<f64> {
@@ -683,9 +706,7 @@ async fn bench_cpu() {
         .query_async(&mut conn)
         .await
         .unwrap();
-    let before = redis_cpu_us(&redis).await;
-    let host_pid = host.pid();
-    let host_before = host_pid.and_then(process_cpu_us);
+    let span = CpuSpan::start(&redis, &host).await;
     let deadline = Instant::now() + Duration::from_secs(120);
     while sink.arrivals.lock().unwrap().len() < count {
         assert!(Instant::now() < deadline, "not every Plan fired");
@@ -701,10 +722,8 @@ async fn bench_cpu() {
         .unwrap_or(start);
     // The last finish batches are written just after the last call.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
-    let after = redis_cpu_us(&redis).await;
-    let host_after = host_pid.and_then(process_cpu_us);
+    let (per_fire, host_per_fire) = span.per(&redis, count).await;
     let rows = command_stats(&mut conn).await;
-    let per_fire = (after - before) / count as f64;
     let scripts: u64 = rows
         .iter()
         .filter(|r| r.0 == "evalsha" || r.0 == "eval")
@@ -717,10 +736,9 @@ async fn bench_cpu() {
         .sum();
     println!("| measure | result |\n|---|---|");
     println!("| Redis CPU (`used_cpu_sys` + `used_cpu_user`) per fire, claim to finish | **{per_fire:.1} µs** |");
-    if let (Some(b), Some(a)) = (host_before, host_after) {
+    if let Some(host_per_fire) = host_per_fire {
         println!(
-            "| host process CPU (user + system, `/proc/<pid>/stat`) per fire, same span | {:.1} µs |",
-            (a - b) / count as f64
+            "| host process CPU (user + system, `/proc/<pid>/stat`) per fire, same span | {host_per_fire:.1} µs |"
         );
     }
     println!(
@@ -934,10 +952,7 @@ async fn bench_pending_million() {
     let timed = |lat: &mut Vec<i64>, t: Instant| lat.push(t.elapsed().as_micros() as i64);
     let (mut list, mut by_id, mut ids) = (Vec::new(), Vec::new(), Vec::new());
     let mut cursor: Option<String> = None;
-    let (redis_before, host_before) = (
-        redis_cpu_us(&redis).await,
-        host.pid().and_then(process_cpu_us),
-    );
+    let span = CpuSpan::start(&redis, &host).await;
     for _ in 0..200 {
         let path = match &cursor {
             Some(c) => format!("/schedules?limit=50&cursor={c}"),
@@ -956,10 +971,7 @@ async fn bench_pending_million() {
         );
         cursor = page["next_cursor"].as_str().map(String::from);
     }
-    let redis_per_page = (redis_cpu_us(&redis).await - redis_before) / 200.0;
-    let host_per_page = host_before
-        .zip(host.pid().and_then(process_cpu_us))
-        .map(|(b, a)| (a - b) / 200.0);
+    let (redis_per_page, host_per_page) = span.per(&redis, 200).await;
     for id in ids.iter().step_by(ids.len() / 200) {
         let t = Instant::now();
         let (status, _) = api.get(&format!("/schedules/{id}")).await;

@@ -375,13 +375,13 @@ local function split_records()
   redis.call('SET', PREFIX .. 'rn', record_count)
 end
 
--- Writes the record of a new Life: false, writing nothing, when one is there already.
--- One HSETNX where a look and a write took two commands.
 -- A record was added to bucket KEY: past RECORDS_SPLIT_AT, the next bucket in turn splits.
 local function record_added(key)
   if redis.call('HLEN', key) > RECORDS_SPLIT_AT then split_records() end
 end
 
+-- Writes the record of a new Life: false, writing nothing, when one is there already.
+-- One HSETNX where a look and a write took two commands.
 local function put_new_record(id, rec)
   local key = record_key(id)
   if redis.call('HSETNX', key, id, rec) == 0 then return false end
