@@ -111,8 +111,8 @@ string_enum! {
 /// timer's or task's Plan hash) as compact JSON: a plugin action is told apart by its
 /// `plugin` field, and zero defaults are left out, so that a small action stays under
 /// Redis's `hash-max-listpack-value` (64 bytes by default) and the hash keeps the compact
-/// listpack encoding.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// listpack encoding. Read back in one pass by [`ActionWire`].
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum Action {
     /// A WebAssembly component plugin.
@@ -161,6 +161,68 @@ impl Action {
             Action::Webhook(w) => w.retry_interval_ms,
             Action::Plugin(p) => p.retry_interval_ms,
         }
+    }
+}
+
+/// A stored action as it is read: the fields of both kinds in one struct, so that a record
+/// is read in one pass. (serde's `untagged` and `flatten` would buffer each action whole
+/// and try each kind in turn; a listing reads fifty records a page.) A `plugin` field
+/// makes it a plugin call, as the untagged enum told them apart; unknown fields are
+/// ignored, as `flatten` ignored them. Clients' actions are read by
+/// `bookings::request::RawAction`, with its own errors, not by this.
+#[derive(Deserialize)]
+struct ActionWire {
+    plugin: Option<String>,
+    input: Option<serde_json::Value>,
+    timeout_ms: Option<u64>,
+    path: Option<String>,
+    url: Option<String>,
+    method: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    body: Option<serde_json::Value>,
+    connect_timeout_ms: Option<u64>,
+    request_timeout_ms: Option<u64>,
+    #[serde(default)]
+    retry_count: u32,
+    #[serde(default)]
+    retry_interval_ms: u64,
+    on_success: Option<Box<Action>>,
+    on_failure: Option<Box<Action>>,
+}
+
+impl<'de> Deserialize<'de> for Action {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Action, D::Error> {
+        let w = ActionWire::deserialize(d)?;
+        let callbacks = Callbacks {
+            on_success: w.on_success,
+            on_failure: w.on_failure,
+        };
+        if let Some(plugin) = w.plugin {
+            return Ok(Action::Plugin(PluginAction {
+                plugin,
+                input: w.input.unwrap_or_default(),
+                timeout_ms: w.timeout_ms,
+                retry_count: w.retry_count,
+                retry_interval_ms: w.retry_interval_ms,
+                callbacks,
+            }));
+        }
+        let Some(method) = w.method else {
+            return Err(serde::de::Error::missing_field("method"));
+        };
+        Ok(Action::Webhook(WebhookAction {
+            path: w.path,
+            url: w.url,
+            method,
+            headers: w.headers,
+            body: w.body,
+            connect_timeout_ms: w.connect_timeout_ms,
+            request_timeout_ms: w.request_timeout_ms,
+            retry_count: w.retry_count,
+            retry_interval_ms: w.retry_interval_ms,
+            callbacks,
+        }))
     }
 }
 
@@ -366,5 +428,54 @@ mod tests {
             r#"{"plugin":"chain@2","input":{"k":1},"retry_count":3}"#
         );
         assert_eq!(serde_json::from_str::<Action>(&text).unwrap(), plugin);
+    }
+
+    /// The one-pass read gives back every field of both kinds, callbacks nested in
+    /// either, as the untagged enum did.
+    #[test]
+    fn actions_read_back_whole() {
+        let on_failure = Action::Plugin(PluginAction {
+            plugin: "alert".into(),
+            input: serde_json::Value::Null,
+            timeout_ms: Some(900),
+            retry_count: 0,
+            retry_interval_ms: 250,
+            callbacks: Callbacks::default(),
+        });
+        let hook = Action::Webhook(WebhookAction {
+            path: None,
+            url: Some("http://127.0.0.1:9/x".into()),
+            method: "PUT".into(),
+            headers: BTreeMap::from([("x-a".to_string(), "1".to_string())]),
+            body: Some(serde_json::json!("text")),
+            connect_timeout_ms: Some(10),
+            request_timeout_ms: Some(20),
+            retry_count: 2,
+            retry_interval_ms: 30,
+            callbacks: Callbacks {
+                on_success: None,
+                on_failure: Some(Box::new(on_failure)),
+            },
+        });
+        let plugin = Action::Plugin(PluginAction {
+            plugin: "chain".into(),
+            input: serde_json::json!([1, 2]),
+            timeout_ms: None,
+            retry_count: 1,
+            retry_interval_ms: 0,
+            callbacks: Callbacks {
+                on_success: Some(Box::new(hook.clone())),
+                on_failure: None,
+            },
+        });
+        for a in [hook, plugin] {
+            let text = serde_json::to_string(&a).unwrap();
+            assert_eq!(serde_json::from_str::<Action>(&text).unwrap(), a, "{text}");
+        }
+        // Unknown fields are ignored; a webhook without its method is refused.
+        let a: Action = serde_json::from_str(r#"{"path":"/p","method":"GET","later":1}"#).unwrap();
+        assert!(matches!(a, Action::Webhook(w) if w.path.as_deref() == Some("/p")));
+        let e = serde_json::from_str::<Action>(r#"{"path":"/p"}"#).unwrap_err();
+        assert!(e.to_string().contains("method"), "{e}");
     }
 }
