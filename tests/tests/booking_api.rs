@@ -916,6 +916,97 @@ async fn query_parameters_that_do_not_parse_are_400() {
     assert_eq!(api.delete("/schedules/q1?force=false").await.0, 200);
 }
 
+/// Single bookings that arrive together go to Redis together (store/book_batch.rs), yet
+/// each is judged on its own: of two bookings of one id exactly one is stored, of forty
+/// overlapping terms of one resource exactly one, and bookings that clash with nothing
+/// are all stored, each answered with its own outcome and each readable after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bookings_sent_together_are_each_judged_alone() {
+    let redis = RedisServer::start();
+    let host = Host::start(&redis.url(), &flags(&[]));
+    let api = Api::new(&host);
+    let mut bodies = Vec::new();
+    for i in 0..40 {
+        let id = format!("twice-{i}");
+        bodies.push((format!("dup:{id}"), point(&id, "2030-01-01 00:00:00")));
+        bodies.push((format!("dup:{id}"), point(&id, "2030-01-02 00:00:00")));
+        bodies.push((
+            "clash".to_string(),
+            term(
+                &format!("clash-{i}"),
+                "one-room",
+                "2030-02-01 10:00:00",
+                "2030-02-01 11:00:00",
+            ),
+        ));
+        bodies.push((
+            "free".to_string(),
+            term(
+                &format!("free-{i}"),
+                &format!("room-{i}"),
+                "2030-02-01 10:00:00",
+                "2030-02-01 11:00:00",
+            ),
+        ));
+    }
+    let mut tasks = tokio::task::JoinSet::new();
+    for (group, body) in bodies {
+        let api = api.clone();
+        tasks.spawn(async move {
+            let reply = api.post("/schedules", &body).await;
+            (
+                group,
+                body["life_uuid"].as_str().unwrap().to_string(),
+                reply,
+            )
+        });
+    }
+    let mut booked = Vec::new();
+    let mut outcomes: std::collections::BTreeMap<String, Vec<(u16, String)>> = Default::default();
+    while let Some(done) = tasks.join_next().await {
+        let (group, id, reply) = done.unwrap();
+        let code = code(&reply).1.to_string();
+        if reply.0 == 200 {
+            assert_eq!(reply.1["life_uuid"], id.as_str(), "{}", reply.1);
+            booked.push(id);
+        }
+        outcomes.entry(group).or_default().push((reply.0, code));
+    }
+    for (group, got) in &outcomes {
+        let ok = got.iter().filter(|(s, _)| *s == 200).count();
+        let refused: Vec<&(u16, String)> = got.iter().filter(|(s, _)| *s != 200).collect();
+        match group.as_str() {
+            "free" => assert_eq!((ok, refused.len()), (40, 0), "{got:?}"),
+            "clash" => {
+                assert_eq!(ok, 1, "{got:?}");
+                assert!(
+                    refused
+                        .iter()
+                        .all(|r| *r == &(409, "resource_conflict".into())),
+                    "{got:?}"
+                );
+            }
+            _ => {
+                assert_eq!(ok, 1, "{group}: {got:?}");
+                assert_eq!(refused, [&(409, "duplicate_life_uuid".into())], "{group}");
+            }
+        }
+    }
+    assert_eq!(booked.len(), 40 + 1 + 40);
+    for id in &booked {
+        let (status, life) = api.get(&format!("/schedules/{id}")).await;
+        assert_eq!(
+            (status, life["state"].as_str()),
+            (200, Some("Inexistent")),
+            "{id}"
+        );
+    }
+    // The census counted each stored Life once, and nothing refused.
+    let (status, page) = api.get("/schedules?limit=1").await;
+    assert_eq!(status, 200, "{page}");
+    assert_eq!(page["total"], booked.len(), "{page}");
+}
+
 /// `POST /schedules/batch`: each booking is checked and stored as `POST /schedules`
 /// would, whole or not at all, and answered on its own, in order; a refused one stores
 /// nothing and stops no other. A malformed batch is one 400.

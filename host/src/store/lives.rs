@@ -7,6 +7,7 @@
 //! (`ptr:{uuid}`, `scripts/pointer.lua`), so GET, PATCH and DELETE find any Life by id in
 //! at most two round trips, without looking at other shards.
 
+use super::book_batch::Booking;
 use super::life_changes::CHANGE_TRIES;
 use super::lifecycle;
 use super::replicas::Proof;
@@ -227,25 +228,35 @@ impl Store {
         guard_ms: i64,
         notify_before_ms: i64,
     ) -> Result<(), Refusal> {
-        let mut invocation = self.scripts.book.prepare_invoke();
-        self.book_invocation(
-            &mut invocation,
-            shard,
-            life,
-            now_ms,
-            guard_ms,
-            notify_before_ms,
-            None,
-        );
-        let reply: Vec<String> = invocation
-            .invoke_async(&mut self.conn())
+        let k = self.shard(shard);
+        let plugins = life_plugins(life);
+        let mut args = Vec::with_capacity(9 + plugins.len());
+        args.extend([
+            k.prefix.clone(),
+            life.life_uuid.clone(),
+            life.resource_id.clone().unwrap_or_default(),
+            life.birth_at_ms.to_string(),
+            life.death_at_ms.map(|m| m.to_string()).unwrap_or_default(),
+            lifecycle::booked(life, now_ms).to_json(),
+            guard_ms.to_string(),
+            notify_before_ms.to_string(),
+            plugins.len().to_string(),
+        ]);
+        args.extend(plugins);
+        let booking = Booking {
+            due_key: k.due(),
+            args,
+        };
+        let (verdict, detail) = self
+            .booker(shard)
+            .book(booking)
             .await
             .map_err(|e| Refusal::Api(ApiError::write_unknown(e)))?;
-        book_reply(life, &reply)
+        book_reply(life, &[verdict, detail])
     }
 
-    /// The keys and arguments of `book_life` (common.lua) for `life` in `shard`, with
-    /// the record of an `Idempotency-Key` after the fixed keys when one is given.
+    /// The keys and the first arguments of `book_idem.lua` for `life` in `shard`, under
+    /// the `Idempotency-Key` whose record is `idem_record`.
     #[allow(clippy::too_many_arguments)]
     fn book_invocation(
         &self,
@@ -255,15 +266,16 @@ impl Store {
         now_ms: i64,
         guard_ms: i64,
         notify_before_ms: i64,
-        idem_record: Option<&str>,
+        idem_record: &str,
     ) {
         let k = self.shard(shard);
         let uuid = &life.life_uuid;
         let rid = life.resource_id.as_deref().unwrap_or("");
-        invocation.key(k.due()).key(k.lives()).key(k.resource(rid));
-        if let Some(record) = idem_record {
-            invocation.key(record);
-        }
+        invocation
+            .key(k.due())
+            .key(k.lives())
+            .key(k.resource(rid))
+            .key(idem_record);
         for name in life_plugins(life) {
             invocation.key(k.plugin_lives(&name));
         }
@@ -313,7 +325,7 @@ impl Store {
             now_ms,
             guard_ms,
             notify_before_ms,
-            Some(&record),
+            &record,
         );
         let reply: Vec<String> = invocation
             .arg(fingerprint)

@@ -30,6 +30,7 @@
 //! Outside the shards: `meta` (hash: layout, shards), `hosts` (sorted set, score = until
 //! when each live host is known alive), and the plugin registry under `{plugins}`.
 
+mod book_batch;
 mod conn;
 mod firing;
 mod idempotency;
@@ -72,7 +73,7 @@ pub use shards::{Placement, ShardKeys};
 pub use stats::{ClusterStats, LIFE_STATES, PLUGIN_USERS_PAGE};
 pub use timers::{NextRun, TimerFinish, TimerPut, TimerSlot, TIMER_RUNS_KEPT};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use chrono::{SecondsFormat, TimeZone};
 use chrono_tz::Tz;
@@ -281,6 +282,9 @@ pub struct Store {
     memory: Arc<MemoryState>,
     /// Changes waiting for their replicas (store/replicas.rs).
     acks: Arc<replicas::ReplicaAcks>,
+    /// Bookings' group commit (store/book_batch.rs), each started at its first
+    /// booking: one on a standalone Redis, one per shard on a cluster.
+    bookers: Arc<Vec<OnceLock<book_batch::Booker>>>,
 }
 
 /// A Life's id as a number, to count each once in 16 bytes: a uuid as written by kairos
@@ -342,6 +346,7 @@ impl Store {
         // On a cluster, each shard's slot gets a connection of its own, so that a master
         // that fails stalls only its own shards' calls (store/conn.rs).
         conn.dedicate(shards.iter().map(|k| k.slot() as u16));
+        let cluster = target.is_cluster();
         Store {
             conn,
             target,
@@ -354,7 +359,21 @@ impl Store {
             min_replicas_ack: 0,
             memory: Arc::new(MemoryState::new(count)),
             acks: Arc::default(),
+            bookers: Arc::new(
+                (0..if cluster { count } else { 1 })
+                    .map(|_| OnceLock::new())
+                    .collect(),
+            ),
         }
+    }
+
+    /// The group commit that books into `shard`, started on first use (in the runtime
+    /// that books).
+    fn booker(&self, shard: u32) -> &book_batch::Booker {
+        let i = if self.bookers.len() > 1 { shard } else { 0 };
+        self.bookers[i as usize].get_or_init(|| {
+            book_batch::Booker::start(self.conn.clone(), Arc::new(self.scripts.book.clone()))
+        })
     }
 
     /// Keeps a `runs` stream per shard capped near `max_len` (0, the default: none).

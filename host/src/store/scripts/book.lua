@@ -1,3 +1,28 @@
--- book: creates a Life and its Plans, or nothing (common.lua's book_life says how).
--- KEYS and ARGV: those of book_life, the plugin sets from KEYS[4].
-return book_life(4)
+-- book: creates Lives and their Plans, each whole or not at all (common.lua's book_life
+-- says how): the bookings that reached a host while its last call was under way, in one
+-- call (store/book_batch.rs). Each booking is judged on its own, after the ones before
+-- it in the call, as if each had come alone in that order.
+-- KEYS: 1 the due tree of the first booking's shard (it names the node to call; on a
+--       Redis Cluster every booking of a call is of that shard)
+-- ARGV: 1 '' (each booking brings its shard's prefix), then per booking: prefix, uuid,
+--       resource_id ('' = none), birth_ms, death_ms ('' for a point), record JSON,
+--       guard_ms, notify_before_ms, the number of plugins its actions use, their names
+-- Returns per booking two values: book_life's answer and its detail ('' for none).
+local out = {}
+local a = 2
+batch_begin()
+while a <= #ARGV do
+  enter_shard(ARGV[a])
+  local uuid, rid = ARGV[a + 1], ARGV[a + 2]
+  local plugins = {}
+  for i = 1, tonumber(ARGV[a + 8]) do
+    plugins[i] = PREFIX .. 'plugin-lives:' .. ARGV[a + 8 + i]
+  end
+  local booked = book_life(PREFIX .. 'due', PREFIX .. 'lives', PREFIX .. 'resource:' .. rid,
+    plugins, uuid, rid, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7])
+  out[#out + 1] = booked[1]
+  out[#out + 1] = booked[2] or ''
+  a = a + 9 + #plugins
+end
+batch_end()
+return out

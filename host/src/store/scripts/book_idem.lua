@@ -5,14 +5,20 @@
 -- A booking refused here records nothing: the caller then takes the two-step way
 -- (idem_begin, the call, idem_finish), which records the refusal. So does a record left
 -- `pending` by a host that died (`stale`): the two-step way retakes it.
--- KEYS: those of book_life (1-3), then 4 the key's record, the plugin sets from KEYS[5]
--- ARGV: those of book_life (1-9), then 10 fingerprint, 11 pending_ms, 12 ttl_ms,
+-- KEYS: 1 due (tree), 2 lives (tree), 3 resource index, 4 the key's record, the
+--       `plugin-lives:{name}` sets of the plugins the actions use from KEYS[5]
+-- ARGV: 1 prefix, 2 uuid, 3 resource_id ('' = none), 4 birth_ms, 5 death_ms ('' for
+--       point), 6 record JSON, 7 now_ms, 8 guard_ms, 9 notify_before_ms, then 10
+--       fingerprint, 11 pending_ms, 12 ttl_ms,
 --       13 status and 14 body of the answer to record
 -- Returns book_life's answers, or {'reused'} | {'replay', status, body} |
 --   {'in_progress'} | {'stale'}
 local found = idem_lookup(KEYS[4], ARGV[10], ARGV[11])
 if found then return found end
-local booked = book_life(5)
+local plugins = {}
+for i = 5, #KEYS do plugins[#plugins + 1] = KEYS[i] end
+local booked = book_life(KEYS[1], KEYS[2], KEYS[3], plugins, ARGV[2], ARGV[3], ARGV[4],
+  ARGV[5], ARGV[6], ARGV[8], ARGV[9])
 if booked[1] == 'ok' then
   redis.call('HSET', KEYS[4], 'fp', ARGV[10], 'state', 'done', 'status', ARGV[13], 'body', ARGV[14])
   redis.call('PEXPIRE', KEYS[4], ARGV[12])

@@ -42,20 +42,25 @@ end
 -- overview reads five numbers a shard instead of every Life. FROM or TO may be nil/false
 -- (a Life created or deleted). `census_rebuild` recounts a shard whose census lacks its
 -- `v` mark (a keyspace written before it).
--- A script that changes many Lives (finish_life) calls `batch_begin` first and
--- `batch_end` last: between the two, census changes add up in memory and are written as
--- one HINCRBY a state at the end, instead of one or two a Life.
+-- A script that changes many Lives (finish_life, book) calls `batch_begin` first and
+-- `batch_end` last: between the two, census changes add up in memory, per shard, and are
+-- written as one HINCRBY a state and shard at the end, instead of one or two a Life.
 local census_batch = nil
 local CENSUS_STATES = {'Inexistent', 'Alive', 'Dead', 'Stillbirth', 'Invalidated'}
 
 local function census(from, to)
   if census_batch then
-    if from then census_batch[from] = (census_batch[from] or 0) - 1 end
-    if to then census_batch[to] = (census_batch[to] or 0) + 1 end
+    local c = census_batch[PREFIX]
+    if not c then
+      c = {}
+      census_batch[PREFIX] = c
+    end
+    if from then c[from] = (c[from] or 0) - 1 end
+    if to then c[to] = (c[to] or 0) + 1 end
     return
   end
-  if from then redis.call('HINCRBY', PREFIX .. 'census', from, -1) end
-  if to then redis.call('HINCRBY', PREFIX .. 'census', to, 1) end
+  if from then redis.call('HINCRBY', PREFIX .. 'census', from, '-1') end
+  if to then redis.call('HINCRBY', PREFIX .. 'census', to, '1') end
 end
 
 local function batch_begin()
@@ -63,9 +68,13 @@ local function batch_begin()
 end
 
 local function batch_end()
-  for _, state in ipairs(CENSUS_STATES) do
-    local n = census_batch[state]
-    if n and n ~= 0 then redis.call('HINCRBY', PREFIX .. 'census', state, n) end
+  for prefix, c in pairs(census_batch) do
+    for _, state in ipairs(CENSUS_STATES) do
+      local n = c[state]
+      if n and n ~= 0 then
+        redis.call('HINCRBY', prefix .. 'census', state, string.format('%d', n))
+      end
+    end
   end
   census_batch = nil
 end
@@ -326,13 +335,17 @@ end
 -- 25 to 50 records on average however many the shard holds (small, so that a record is
 -- found and rewritten in a short listpack).
 local RECORDS_SPLIT_AT = 48
-local record_count = nil
+-- Each shard's bucket count, read once a call (a call of bookings, or a page, moves
+-- between shards: `enter_shard`).
+local record_counts = {}
 
 local function record_buckets()
-  if not record_count then
-    record_count = tonumber(redis.call('GET', PREFIX .. 'rn')) or 1
+  local n = record_counts[PREFIX]
+  if not n then
+    n = tonumber(redis.call('GET', PREFIX .. 'rn')) or 1
+    record_counts[PREFIX] = n
   end
-  return record_count
+  return n
 end
 
 -- The last id's key: a script that reads a record and writes it back hashes the id once.
@@ -371,8 +384,8 @@ local function split_records()
     redis.call('HSET', to_key, unpack(moved))
     redis.call('HDEL', from_key, unpack(gone))
   end
-  record_count = n + 1
-  redis.call('SET', PREFIX .. 'rn', record_count)
+  record_counts[PREFIX] = n + 1
+  redis.call('SET', PREFIX .. 'rn', string.format('%d', n + 1))
 end
 
 -- A record was added to bucket KEY: past RECORDS_SPLIT_AT, the next bucket in turn splits.
@@ -394,11 +407,11 @@ local function put_record(id, rec)
   if redis.call('HSET', key, id, rec) == 1 then record_added(key) end
 end
 
--- A script that reads many shards of one standalone Redis (a page of the listing) moves
--- from shard to shard: PREFIX and the record buckets become the shard's.
+-- A script that reads or writes many shards of one standalone Redis (a page of the
+-- listing, a call of bookings) moves from shard to shard: PREFIX and the record buckets
+-- become the shard's.
 local function enter_shard(prefix)
   PREFIX = prefix
-  record_count = nil
   last_record_id = nil
 end
 
@@ -710,40 +723,41 @@ local function resource_conflict(res_key, lo, hi, exclude)
   return false
 end
 
--- Books a Life and its Plans, or nothing (the body of book.lua, shared with book_idem.lua).
--- The host built its record (store/record/).
--- KEYS: 1 due (tree), 2 lives (tree), 3 resource index,
---       FIRST_PLUGIN_KEY.. the `plugin-lives:{name}` sets of the plugins the actions use
--- ARGV: 1 prefix, 2 uuid, 3 resource_id ('' = none), 4 birth_ms, 5 death_ms ('' for
---       point), 6 record JSON, 7 now_ms, 8 guard_ms, 9 notify_before_ms
+-- Books a Life and its Plans, or nothing (the body of book.lua, for each of its
+-- bookings, and of book_idem.lua). The host built its record (store/record/).
+-- DUE, LIVES: the shard's trees; RES_KEY: its resource index (`resource:{rid}`);
+-- PLUGIN_KEYS: the `plugin-lives:{name}` sets of the plugins the actions use. UUID, RID
+-- ('' = none), BIRTH and DEATH (ms as text, DEATH '' for a point), REC (the record),
+-- GUARD and NOTIFY_BEFORE (ms) as book.lua's ARGV give them. Times go to Redis as the
+-- text they came as: a Lua number would be printed anew (`%.17g`) at every command.
 -- Returns {'ok'} | {'resource_conflict', other_uuid} | {'duplicate'} |
 --   {'pointer', value}: this is the id's home shard and it points to another shard
 --   (the Life is there, or was, or is being booked there)
-local function book_life(first_plugin_key)
-  local uuid, rid = ARGV[2], ARGV[3]
-  local birth_ms, death_ms = tonumber(ARGV[4]), tonumber(ARGV[5])
-  local guard = tonumber(ARGV[8])
+local function book_life(due, lives, res_key, plugin_keys, uuid, rid, birth, death, rec,
+    guard, notify_before)
+  local birth_ms, death_ms = tonumber(birth), tonumber(death)
   if rid ~= '' then
-    local other = resource_conflict(KEYS[3], birth_ms - guard, (death_ms or birth_ms) + guard, uuid)
+    local g = tonumber(guard)
+    local other = resource_conflict(res_key, birth_ms - g, (death_ms or birth_ms) + g, uuid)
     if other then return {'resource_conflict', other} end
   end
   -- A pointer here says the Life is booked in another shard (or was being booked
   -- there): the host looks whether it is stale. Else a record here is a duplicate.
   local pointer = redis.call('GET', PREFIX .. 'ptr:' .. uuid)
   if pointer then return {'pointer', pointer} end
-  if not put_new_record(uuid, ARGV[6]) then return {'duplicate'} end
+  if not put_new_record(uuid, rec) then return {'duplicate'} end
   if rid ~= '' then
-    redis.call('ZADD', KEYS[3], birth_ms, uuid)
-    redis.call('ZADD', order_key(rid), birth_ms, uuid .. ':birth')
+    redis.call('ZADD', res_key, birth, uuid)
+    redis.call('ZADD', order_key(rid), birth, uuid .. ':birth')
     -- The death Plan waits outside the due tree until birth is done (finish_life adds
     -- it), but holds its place in the resource's order from now.
-    if death_ms then redis.call('ZADD', order_key(rid), death_ms, uuid .. ':death') end
+    if death_ms then redis.call('ZADD', order_key(rid), death, uuid .. ':death') end
   end
   census(nil, 'Inexistent')
-  tree_add(KEYS[1], birth_ms, uuid .. ':birth')
-  tree_add(KEYS[2], birth_ms, uuid)
-  for i = first_plugin_key, #KEYS do redis.call('SADD', KEYS[i], uuid) end
-  notify_if_soon(birth_ms, ARGV[9])
+  tree_add(due, birth, uuid .. ':birth')
+  tree_add(lives, birth, uuid)
+  for _, key in ipairs(plugin_keys) do redis.call('SADD', key, uuid) end
+  notify_if_soon(birth, notify_before)
   return {'ok'}
 end
 
