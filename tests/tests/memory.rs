@@ -7,7 +7,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kairos_e2e::{
-    fast_flags, flags, flags_with, free_port, kairos_bin, Api, Host, RedisServer, Sink,
+    fast_flags, flags, flags_with, free_port, kairos_bin, rfc3339_ms, Api, Host, RedisServer, Sink,
 };
 use redis::AsyncCommands;
 use serde_json::json;
@@ -411,4 +411,80 @@ async fn history_is_bounded_by_bytes_oldest_first() {
     for id in dropped.iter().take(5) {
         assert_eq!(api.get(&format!("/schedules/{id}")).await.0, 404, "{id}");
     }
+}
+
+/// A booking checks its record bucket's and tree leaves' sizes on a sample only (a quarter
+/// of bookings, common.lua's `booking_checks`), yet every bucket and leaf stays within
+/// Redis's compact listpack encoding: thousands of bookings into two shards split the
+/// buckets and leaves many times over, and none outgrows 128 entries or its encoding.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn buckets_and_leaves_stay_compact_when_bookings_check_on_a_sample() {
+    let redis = RedisServer::start();
+    for key in ["hash-max-listpack-value", "zset-max-listpack-value"] {
+        redis.cli(&["CONFIG", "SET", key, "1024"]);
+    }
+    let host = Host::start(
+        &redis.url(),
+        &flags_with(
+            fast_flags(),
+            &[("--shards", "2"), ("--gateway-url", "http://127.0.0.1:9")],
+        ),
+    );
+    let api = Api::new(&host);
+    let far = 1_900_000_000_000i64;
+    let per_call = 500;
+    for call in 0..12 {
+        let bookings: Vec<_> = (0..per_call)
+            .map(|i| {
+                let n = call * per_call + i;
+                json!({"birth_time": rfc3339_ms(far + (n * 7919 % 6000) * 1000),
+                       "birth": {"path": "/hook", "method": "POST"}})
+            })
+            .collect();
+        let (status, reply) = api
+            .post("/schedules/batch", &json!({"bookings": bookings}))
+            .await;
+        assert_eq!(
+            (status, reply["booked"].as_u64()),
+            (200, Some(500)),
+            "{}",
+            reply["items"][0]
+        );
+    }
+    let mut conn = redis.conn().await;
+    let keys: Vec<String> = conn.keys("kairos:{s*").await.unwrap();
+    let (mut leaves, mut buckets) = (0, 0);
+    for key in &keys {
+        let kind: String = redis::cmd("TYPE")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let encoding: String = redis::cmd("OBJECT")
+            .arg("ENCODING")
+            .arg(key)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let len: usize = match kind.as_str() {
+            "zset" => conn.zcard(key).await.unwrap(),
+            "hash" => conn.hlen(key).await.unwrap(),
+            _ => continue,
+        };
+        let leaf = key.contains(":due:") || key.contains(":lives:");
+        let bucket = key.contains(":r:");
+        if leaf || bucket {
+            assert!(len <= 128, "{key}: {len} entries");
+            assert_eq!(encoding, "listpack", "{key} ({len} entries)");
+            if leaf {
+                leaves += 1;
+            } else {
+                buckets += 1;
+            }
+        }
+    }
+    // 6,000 Lives in two shards: each tree of each shard split into dozens of leaves,
+    // each shard's records into dozens of buckets.
+    assert!(leaves >= 2 * 2 * 30, "{leaves} leaves");
+    assert!(buckets >= 2 * 50, "{buckets} buckets");
 }

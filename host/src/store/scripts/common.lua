@@ -349,15 +349,26 @@ local function record_buckets()
 end
 
 -- The last id's key: a script that reads a record and writes it back hashes the id once.
-local last_record_id, last_record_key, last_record_n = nil, nil, nil
+local last_record_id, last_record_key, last_record_n, last_record_h = nil, nil, nil, nil
 
 local function record_key(id)
   local n = record_buckets()
   if id ~= last_record_id or n ~= last_record_n then
-    last_record_id, last_record_n = id, n
-    last_record_key = PREFIX .. 'r:' .. bucket_index(id_hash(id), n)
+    last_record_id, last_record_n, last_record_h = id, n, id_hash(id)
+    last_record_key = PREFIX .. 'r:' .. bucket_index(last_record_h, n)
   end
   return last_record_key
+end
+
+-- Whether a booking of ID checks the sizes of its record's bucket and of its tree leaves
+-- (a quarter of bookings do, by two bits of the id's hash that place nothing: bucket
+-- numbers take its low bits). Each check is a command, and a booking pays per command;
+-- a bucket splits past 48 of the listpack's 128 entries and a leaf sampled so past
+-- TREE_LEAF_SAMPLED, so that 48 inserts in a row unchecked (one chance in a million)
+-- are needed to outgrow the listpack between two checks.
+local function booking_checks(id)
+  record_key(id)
+  return math.floor(last_record_h / 16777216) % 4 == 0
 end
 
 local function get_record(id)
@@ -394,11 +405,12 @@ local function record_added(key)
 end
 
 -- Writes the record of a new Life: false, writing nothing, when one is there already.
--- One HSETNX where a look and a write took two commands.
-local function put_new_record(id, rec)
+-- One HSETNX where a look and a write took two commands. CHECK false: the bucket's size
+-- is not looked at (a booking not sampled, booking_checks).
+local function put_new_record(id, rec, check)
   local key = record_key(id)
   if redis.call('HSETNX', key, id, rec) == 0 then return false end
-  record_added(key)
+  if check ~= false then record_added(key) end
   return true
 end
 
@@ -442,6 +454,7 @@ end
 -- `0000000000000:`). Scores are times in ms. A leaf that outgrows TREE_LEAF_MAX splits
 -- in two halves; a leaf left empty is dropped (the first stays).
 local TREE_LEAF_MAX = 120
+local TREE_LEAF_SAMPLED = 80
 local TREE_FIRST = '0000000000000:'
 
 -- Whether A sorts before or equal to B byte by byte (as Redis orders members; Lua's own
@@ -494,10 +507,13 @@ local function tree_split(tree, leaf)
   redis.call('ZADD', tree, 0, tree_bound(items[2 * cut], items[2 * cut - 1]) .. '|' .. id)
 end
 
-local function tree_add(tree, score, member)
+-- SAMPLED (a booking, booking_checks): nil checks the leaf's size after the insert,
+-- against TREE_LEAF_MAX; true checks it against TREE_LEAF_SAMPLED; false does not.
+local function tree_add(tree, score, member, sampled)
   local leaf = tree_leaf(tree, score, member)
-  if redis.call('ZADD', leaf, score, member) == 1 and redis.call('ZCARD', leaf) > TREE_LEAF_MAX then
-    tree_split(tree, leaf)
+  if redis.call('ZADD', leaf, score, member) == 1 and sampled ~= false then
+    local max = sampled and TREE_LEAF_SAMPLED or TREE_LEAF_MAX
+    if redis.call('ZCARD', leaf) > max then tree_split(tree, leaf) end
   end
 end
 
@@ -745,7 +761,8 @@ local function book_life(due, lives, res_key, plugin_keys, uuid, rid, birth, dea
   -- there): the host looks whether it is stale. Else a record here is a duplicate.
   local pointer = redis.call('GET', PREFIX .. 'ptr:' .. uuid)
   if pointer then return {'pointer', pointer} end
-  if not put_new_record(uuid, rec) then return {'duplicate'} end
+  local check = booking_checks(uuid)
+  if not put_new_record(uuid, rec, check) then return {'duplicate'} end
   if rid ~= '' then
     redis.call('ZADD', res_key, birth, uuid)
     redis.call('ZADD', order_key(rid), birth, uuid .. ':birth')
@@ -754,8 +771,8 @@ local function book_life(due, lives, res_key, plugin_keys, uuid, rid, birth, dea
     if death_ms then redis.call('ZADD', order_key(rid), death, uuid .. ':death') end
   end
   census(nil, 'Inexistent')
-  tree_add(due, birth, uuid .. ':birth')
-  tree_add(lives, birth, uuid)
+  tree_add(due, birth, uuid .. ':birth', check)
+  tree_add(lives, birth, uuid, check)
   for _, key in ipairs(plugin_keys) do redis.call('SADD', key, uuid) end
   notify_if_soon(birth, notify_before)
   return {'ok'}
