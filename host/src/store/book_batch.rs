@@ -1,13 +1,14 @@
 //! Group commit of bookings: the bookings that reach a host while its calls of `book` are
 //! under way go to Redis together, in one call of `scripts/book.lua`.
 //!
-//! A booking's script call costs Redis more around its commands than in them (the call,
-//! its arguments, the helpers' closures, cold caches; BENCHMARKS.md, sessions 19 and 20),
-//! and the host a round trip of its own. Here a booking waits only while
-//! [`IN_FLIGHT`] calls are already under way: one alone is sent at once, and under load
-//! each call takes up to [`MAX_BATCH`] that came meanwhile. Each booking is judged on its
-//! own inside the call, in arrival order, exactly as if it had come alone: its answer
-//! (`book_life` in common.lua) comes back to its caller only.
+//! A call of `book` is the unit that Redis and the host pay for once: the call and its
+//! round trip, the shard's bucket count read and its census written. Here a booking waits
+//! only while [`IN_FLIGHT`] calls are already under way: one alone is sent at once, and
+//! under load each call takes up to [`MAX_BATCH`] that came meanwhile. Each booking is
+//! judged on its own inside the call, in arrival order, exactly as if it had come alone:
+//! its answer (`book_life` in common.lua) comes back to its caller only. (Most of a
+//! booking's Redis time is per command, ~1.5–2 µs of Lua bridge each, not per call:
+//! this saves ~8 % of it; BENCHMARKS.md, session 20.)
 //!
 //! On a standalone Redis one call takes bookings of any shards (`enter_shard`), and one
 //! [`Booker`] serves the store. On a Redis Cluster each shard has its own, whose calls
@@ -25,7 +26,7 @@ use super::conn::Conn;
 /// Calls of `book` under way at once: while they are, bookings gather for the next.
 const IN_FLIGHT: usize = 4;
 
-/// Bookings in one call at most: a call holds Redis ~25 µs a booking, and a long one
+/// Bookings in one call at most: a call holds Redis ~35 µs a booking, and a long one
 /// delays every other client of that Redis (fires among them).
 const MAX_BATCH: usize = 32;
 
