@@ -1007,6 +1007,52 @@ async fn bookings_sent_together_are_each_judged_alone() {
     assert_eq!(page["total"], booked.len(), "{page}");
 }
 
+/// A booking whose write fails inside Redis (its resource's index is a key of the wrong
+/// type, written by hand) is answered 503 and stored nowhere, and the bookings that went
+/// to Redis in the same call are stored and answered as stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_booking_that_fails_in_redis_spoils_none_sent_with_it() {
+    let redis = RedisServer::start();
+    let host = Host::start(&redis.url(), &flags(&[]));
+    let api = Api::new(&host);
+    let ks = redis.keyspace().await;
+    let index = ks.resource("spoilt").resource("spoilt");
+    redis.cli(&["SET", &index, "not a sorted set"]);
+    let mut bookings = Vec::new();
+    for i in 0..20 {
+        bookings.push(point(&format!("fine-{i}"), "2030-01-01 00:00:00"));
+        if i == 10 {
+            bookings.push(term(
+                "spoilt-1",
+                "spoilt",
+                "2030-01-02 00:00:00",
+                "2030-01-02 01:00:00",
+            ));
+        }
+    }
+    let (status, reply) = api
+        .post("/schedules/batch", &json!({"bookings": bookings}))
+        .await;
+    assert_eq!(status, 200, "{reply}");
+    let items = reply["items"].as_array().unwrap();
+    for (i, item) in items.iter().enumerate() {
+        if i == 11 {
+            assert_eq!(
+                (item["status"].as_u64(), item["error"]["code"].as_str()),
+                (Some(503), Some("storage_unavailable")),
+                "{item}"
+            );
+        } else {
+            assert_eq!(item["status"], 200, "{item}");
+        }
+    }
+    for i in 0..20 {
+        let (status, _) = api.get(&format!("/schedules/fine-{i}")).await;
+        assert_eq!(status, 200, "fine-{i}");
+    }
+    assert_eq!(api.get("/schedules/spoilt-1").await.0, 404);
+}
+
 /// `POST /schedules/batch`: each booking is checked and stored as `POST /schedules`
 /// would, whole or not at all, and answered on its own, in order; a refused one stores
 /// nothing and stops no other. A malformed batch is one 400.

@@ -458,6 +458,11 @@ fn book_reply(life: &NewLife, reply: &[String]) -> Result<(), Refusal> {
         Some("resource_conflict") => Err(Refusal::Api(super::conflict_error(rid, reply.get(1)))),
         Some("duplicate") => Err(Refusal::Api(duplicate(&life.life_uuid))),
         Some("pointer") => Err(Refusal::Pointer(reply.get(1).cloned().unwrap_or_default())),
+        // A command of this booking failed in Redis (the others of its call went on).
+        Some("error") => Err(Refusal::Api(ApiError::unavailable(format!(
+            "storage refused the booking: {}",
+            reply.get(1).map_or("", String::as_str)
+        )))),
         other => Err(Refusal::Api(ApiError::unavailable(format!(
             "unexpected reply from book: {other:?}"
         )))),

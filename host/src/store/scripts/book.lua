@@ -7,7 +7,8 @@
 -- ARGV: 1 '' (each booking brings its shard's prefix), then per booking: prefix, uuid,
 --       resource_id ('' = none), birth_ms, death_ms ('' for a point), record JSON,
 --       guard_ms, notify_before_ms, the number of plugins its actions use, their names
--- Returns per booking two values: book_life's answer and its detail ('' for none).
+-- Returns per booking two values: book_life's answer and its detail ('' for none), or
+--   'error' and the message of the command that failed.
 local out = {}
 local a = 2
 batch_begin()
@@ -18,8 +19,15 @@ while a <= #ARGV do
   for i = 1, tonumber(ARGV[a + 8]) do
     plugins[i] = PREFIX .. 'plugin-lives:' .. ARGV[a + 8 + i]
   end
-  local booked = book_life(PREFIX .. 'due', PREFIX .. 'lives', PREFIX .. 'resource:' .. rid,
-    plugins, uuid, rid, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7])
+  -- A booking that fails (a command's error: a key of the wrong type written by hand)
+  -- answers its error and stops no other: the bookings before it stay written and are
+  -- answered as such.
+  local ok, booked = pcall(book_life, PREFIX .. 'due', PREFIX .. 'lives',
+    PREFIX .. 'resource:' .. rid, plugins, uuid, rid, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
+    ARGV[a + 6], ARGV[a + 7])
+  if not ok then
+    booked = {'error', type(booked) == 'table' and tostring(booked.err) or tostring(booked)}
+  end
   out[#out + 1] = booked[1]
   out[#out + 1] = booked[2] or ''
   a = a + 9 + #plugins
