@@ -602,7 +602,7 @@ mod tests {
             &text[..80]
         );
         assert_eq!(text.matches("#!lua").count(), 1);
-        let text = script_text(include_str!("scripts/book.lua"));
+        let text = script_text(include_str!("scripts/records_get.lua"));
         assert!(
             text.starts_with("local function id_hash("),
             "{}",

@@ -1,3 +1,4 @@
+#!lua
 -- book: creates Lives and their Plans, each whole or not at all (common.lua's book_life
 -- says how): the bookings that reached a host while its last call was under way, in one
 -- call (store/book_batch.rs). Each booking is judged on its own, after the ones before
@@ -9,6 +10,9 @@
 --       guard_ms, notify_before_ms, the number of plugins its actions use, their names
 -- Returns per booking two values: book_life's answer and its detail ('' for none), or
 --   'error' and the message of the command that failed.
+-- The shebang (no flags) makes Redis refuse the whole call at its start when it is at
+-- its maxmemory (507 to each booking, nothing written), where a script without one is
+-- refused at its first write, which the pcall below would take for one booking's error.
 local out = {}
 local a = 2
 batch_begin()
