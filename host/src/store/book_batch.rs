@@ -75,9 +75,6 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Job>, conn: Conn, script: Arc<Scrip
     // and so sent, after every call pushed before it, so that bookings reach Redis in
     // the order they came (`POST /schedules/batch` answers its items in order).
     let mut calls = FuturesUnordered::new();
-    // The script loaded before the first call: the first calls that find it missing
-    // would be retried after loading it, and could overtake one another.
-    let _ = script.load_async(&mut conn.clone()).await;
     loop {
         tokio::select! {
             biased;

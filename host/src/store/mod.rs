@@ -325,6 +325,10 @@ impl Store {
         let keys = Keys::new(key_prefix);
         let scripts = Arc::new(Scripts::load());
         let count = open_layout(&conn, &keys, &scripts, shards).await?;
+        // `book` loaded before the first booking (store/book_batch.rs): the first calls
+        // that found it missing would each be retried after loading it, and could
+        // overtake one another. (After a Redis restart they still can, as before.)
+        let _ = scripts.book.load_async(&mut conn.clone()).await;
         Ok(Store::with_shards(
             conn, target, key_prefix, timezone, count, scripts,
         ))
