@@ -2,9 +2,11 @@
 //! `GET /failures`, the Lives that failed, most recent first.
 //!
 //! Listing goes by birth time across every shard: each shard's `lives` tree gives its
-//! Lives in (birth, id) order, or the reverse (`scripts/lives_page.lua`), and the pages
-//! of all shards are merged, each member `{birth_ms:013}:{uuid}` an exact cursor in the
-//! one order of them all.
+//! Lives in (birth, id) order, or the reverse, and the shards' trees are merged, each
+//! member `{birth_ms:013}:{uuid}` an exact cursor in the one order of them all. On a
+//! standalone Redis one call merges them inside Redis and reads the records of only the
+//! Lives taken (`scripts/lives_merge.lua`); on a Redis Cluster each shard is read on its
+//! own (`scripts/lives_page.lua`) and the host merges.
 //!
 //! A filter on state or outcome is checked on each Life read. The shards' census says
 //! how many Lives each state has, so a filter that nothing can match ends at once, and a
@@ -24,6 +26,10 @@ use crate::error::ApiError;
 
 /// Sorted-set members with their scores, as Redis answers them.
 type Scored = Vec<(String, i64)>;
+
+/// A pass of the listing: the Lives it read (shard, birth ms, id), in the listing's
+/// order, their records (None: gone since), and whether the range holds no more.
+type Merged = (Vec<(u32, i64, String)>, Vec<Option<LifeRecord>>, bool);
 
 /// How long one page may read Lives that a filter refuses before it answers what it has.
 pub const PAGE_BUDGET: Duration = Duration::from_millis(300);
@@ -179,7 +185,8 @@ impl Store {
             if page.len() >= filter.limit || started.elapsed() > PAGE_BUDGET {
                 break;
             }
-            let (mut members, mut complete) = match &resource {
+            let lacking = filter.limit - page.len();
+            let (members, lives, complete) = match &resource {
                 Some((shard, all)) => {
                     let past = |m: &Position| {
                         if desc {
@@ -200,29 +207,30 @@ impl Store {
                         .map(|(ms, id)| (*shard, *ms, id.clone()))
                         .collect();
                     let complete = batch.len() < take;
-                    (batch, complete)
+                    self.with_records(batch, complete, filtered, lacking)
+                        .await?
                 }
-                None => self.merge_lives(&shards, &pos, filter, per_shard).await?,
+                None if !self.target.is_cluster() => {
+                    // Without a filter every Life read fills the page: take only as many
+                    // as it still lacks.
+                    let take = if filtered {
+                        (per_shard * shards.len()).min(1000)
+                    } else {
+                        lacking
+                    };
+                    self.merge_in_redis(&shards, &pos, filter, take).await?
+                }
+                None => {
+                    let (members, complete) =
+                        self.merge_lives(&shards, &pos, filter, per_shard).await?;
+                    self.with_records(members, complete, filtered, lacking)
+                        .await?
+                }
             };
             if members.is_empty() {
                 exhausted = true;
                 break;
             }
-            // Without a filter every Life read fills the page: read only as many as it
-            // still lacks (a pass may merge a few hundred ids), and go on from there.
-            let lacking = filter.limit - page.len();
-            if !filtered && members.len() > lacking {
-                members.truncate(lacking);
-                complete = false;
-            }
-            let lives = self
-                .summaries_by_shard(
-                    members
-                        .iter()
-                        .map(|(shard, _, uuid)| (*shard, uuid.clone()))
-                        .collect(),
-                )
-                .await?;
             let mut full = false;
             for ((_, birth_ms, uuid), life) in members.into_iter().zip(lives) {
                 pos = (birth_ms, uuid.clone());
@@ -254,18 +262,86 @@ impl Store {
         })
     }
 
-    /// The next Lives past `pos` in the listing's order (exclusive; an empty id: every
-    /// Life at its time) within the filter's times, from every shard's `lives` tree,
-    /// merged, and whether that was all.
-    async fn merge_lives(
+    /// `members` with their records, read by shard. Without a filter every Life read
+    /// fills the page: only as many as it still lacks are read (a pass may merge a few
+    /// hundred ids), and the listing goes on from there.
+    async fn with_records(
+        &self,
+        mut members: Vec<(u32, i64, String)>,
+        mut complete: bool,
+        filtered: bool,
+        lacking: usize,
+    ) -> Result<Merged, ApiError> {
+        if !filtered && members.len() > lacking {
+            members.truncate(lacking);
+            complete = false;
+        }
+        let lives = self
+            .summaries_by_shard(
+                members
+                    .iter()
+                    .map(|(shard, _, uuid)| (*shard, uuid.clone()))
+                    .collect(),
+            )
+            .await?;
+        Ok((members, lives, complete))
+    }
+
+    /// Up to `take` Lives past `pos` in the listing's order, with their records, from
+    /// every shard of a standalone Redis in one call (`scripts/lives_merge.lua`: the
+    /// shards' trees are merged inside Redis, and only the records taken are read), and
+    /// whether the range holds no more.
+    async fn merge_in_redis(
         &self,
         shards: &[u32],
         pos: &Position,
         filter: &ListFilter,
-        per_shard: usize,
-    ) -> Result<(Vec<(u32, i64, String)>, bool), ApiError> {
-        let desc = filter.descending;
-        let (from, to) = if desc {
+        take: usize,
+    ) -> Result<Merged, ApiError> {
+        let (from, to) = self.range_args(pos, filter);
+        let mut invocation = self.scripts.lives_merge.prepare_invoke();
+        for &shard in shards {
+            invocation.key(self.shard(shard).lives());
+        }
+        let reply: Vec<String> = invocation
+            .arg(&self.shard(shards[0]).prefix)
+            .arg(from)
+            .arg(&pos.1)
+            .arg(to)
+            .arg(take)
+            .arg(if filter.descending { "desc" } else { "asc" })
+            .invoke_async(&mut self.conn())
+            .await?;
+        let complete = reply.first().is_some_and(|c| c == "1");
+        let mut members = Vec::with_capacity(reply.len() / 4);
+        let mut lives = Vec::with_capacity(reply.len() / 4);
+        for item in reply.get(1..).unwrap_or_default().chunks_exact(4) {
+            let (Ok(ms), Some(&shard)) = (
+                item[1].parse::<i64>(),
+                item[2]
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|i| shards.get(i - 1)),
+            ) else {
+                return Err(ApiError::unavailable(
+                    "lives_merge answered an item it should not",
+                ));
+            };
+            members.push((shard, ms, item[0].clone()));
+            lives.push(if item[3].is_empty() {
+                None
+            } else {
+                LifeRecord::from_json(&item[3]).ok()
+            });
+        }
+        Ok((members, lives, complete))
+    }
+
+    /// The range a pass reads past `pos`: from (ms) and to (ms or `+inf`), as
+    /// `lives_page.lua` and `lives_merge.lua` take them (going down, from is the lower
+    /// end and to the position).
+    fn range_args(&self, pos: &Position, filter: &ListFilter) -> (i64, String) {
+        if filter.descending {
             let top = if pos.0 == i64::MAX {
                 "+inf".to_string()
             } else {
@@ -277,55 +353,46 @@ impl Store {
                 .to_ms
                 .map_or_else(|| "+inf".to_string(), |t| t.to_string());
             (pos.0, to)
-        };
+        }
+    }
+
+    /// The next Lives past `pos` in the listing's order (exclusive; an empty id: every
+    /// Life at its time) within the filter's times, from every shard's `lives` tree of a
+    /// Redis Cluster, merged on the host, and whether that was all.
+    async fn merge_lives(
+        &self,
+        shards: &[u32],
+        pos: &Position,
+        filter: &ListFilter,
+        per_shard: usize,
+    ) -> Result<(Vec<(u32, i64, String)>, bool), ApiError> {
+        let desc = filter.descending;
+        let (from, to) = self.range_args(pos, filter);
         let order = if desc { "desc" } else { "asc" };
         let members = |items: Vec<(String, i64)>| -> Vec<Position> {
             items.into_iter().map(|(id, ms)| (ms, id)).collect()
         };
-        let results: Vec<(u32, Vec<Position>)> = if self.target.is_cluster() {
-            // Each shard in its own slot: a call per shard, all at once.
-            let reads = shards.iter().map(|&shard| {
-                let mut conn = self.conn();
-                let k = self.shard(shard);
-                let script = &self.scripts.lives_page;
-                let to = &to;
-                async move {
-                    let items: Vec<(String, i64)> = script
-                        .key(k.lives())
-                        .arg(&k.prefix)
-                        .arg(from)
-                        .arg(&pos.1)
-                        .arg(to)
-                        .arg(per_shard)
-                        .arg(order)
-                        .invoke_async(&mut conn)
-                        .await?;
-                    Ok::<_, redis::RedisError>((shard, members(items)))
-                }
-            });
-            futures_util::future::try_join_all(reads).await?
-        } else {
-            // One Redis holds every shard: one call reads them all, which costs Redis
-            // far less than a call per shard (each call's own work, its helpers).
-            let mut invocation = self.scripts.lives_pages.prepare_invoke();
-            for &shard in shards {
-                invocation.key(self.shard(shard).lives());
+        // Each shard in its own slot: a call per shard, all at once.
+        let reads = shards.iter().map(|&shard| {
+            let mut conn = self.conn();
+            let k = self.shard(shard);
+            let script = &self.scripts.lives_page;
+            let to = &to;
+            async move {
+                let items: Vec<(String, i64)> = script
+                    .key(k.lives())
+                    .arg(&k.prefix)
+                    .arg(from)
+                    .arg(&pos.1)
+                    .arg(to)
+                    .arg(per_shard)
+                    .arg(order)
+                    .invoke_async(&mut conn)
+                    .await?;
+                Ok::<_, redis::RedisError>((shard, members(items)))
             }
-            let pages: Vec<Vec<(String, i64)>> = invocation
-                .arg(&self.shard(shards[0]).prefix)
-                .arg(from)
-                .arg(&pos.1)
-                .arg(&to)
-                .arg(per_shard)
-                .arg(order)
-                .invoke_async(&mut self.conn())
-                .await?;
-            shards
-                .iter()
-                .copied()
-                .zip(pages.into_iter().map(members))
-                .collect()
-        };
+        });
+        let results: Vec<(u32, Vec<Position>)> = futures_util::future::try_join_all(reads).await?;
         // A shard that returned a full batch may have more past its last member: only
         // what comes before the nearest such last member is known to be complete.
         let lasts = results

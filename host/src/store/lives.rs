@@ -43,6 +43,34 @@ pub(super) fn life_plugins(life: &NewLife) -> Vec<String> {
     plugin_names(&[Some(&life.birth_action), life.death_action.as_ref()])
 }
 
+/// One booking's arguments, as `book.lua` takes each of its bookings and `book_idem.lua`
+/// its one (common.lua's `book_argv`): the shard's prefix, the id, the resource ('' for
+/// none), birth and death ms (death '' for a point), the record, the guard and the
+/// look-ahead's end (ms), then the count of plugins the actions use and their names.
+fn book_args(
+    prefix: &str,
+    life: &NewLife,
+    now_ms: i64,
+    guard_ms: i64,
+    notify_before_ms: i64,
+) -> Vec<String> {
+    let plugins = life_plugins(life);
+    let mut args = Vec::with_capacity(9 + plugins.len());
+    args.extend([
+        prefix.to_string(),
+        life.life_uuid.clone(),
+        life.resource_id.clone().unwrap_or_default(),
+        life.birth_at_ms.to_string(),
+        life.death_at_ms.map(|m| m.to_string()).unwrap_or_default(),
+        lifecycle::booked(life, now_ms).to_json(),
+        guard_ms.to_string(),
+        notify_before_ms.to_string(),
+        plugins.len().to_string(),
+    ]);
+    args.extend(plugins);
+    args
+}
+
 fn duplicate(uuid: &str) -> ApiError {
     ApiError::conflict(
         "duplicate_life_uuid",
@@ -229,23 +257,9 @@ impl Store {
         notify_before_ms: i64,
     ) -> Result<(), Refusal> {
         let k = self.shard(shard);
-        let plugins = life_plugins(life);
-        let mut args = Vec::with_capacity(9 + plugins.len());
-        args.extend([
-            k.prefix.clone(),
-            life.life_uuid.clone(),
-            life.resource_id.clone().unwrap_or_default(),
-            life.birth_at_ms.to_string(),
-            life.death_at_ms.map(|m| m.to_string()).unwrap_or_default(),
-            lifecycle::booked(life, now_ms).to_json(),
-            guard_ms.to_string(),
-            notify_before_ms.to_string(),
-            plugins.len().to_string(),
-        ]);
-        args.extend(plugins);
         let booking = Booking {
             due_key: k.due(),
-            args,
+            args: book_args(&k.prefix, life, now_ms, guard_ms, notify_before_ms),
         };
         let (verdict, detail) = self
             .booker(shard)
@@ -253,42 +267,6 @@ impl Store {
             .await
             .map_err(|e| Refusal::Api(ApiError::write_unknown(e)))?;
         book_reply(life, &[verdict, detail])
-    }
-
-    /// The keys and the first arguments of `book_idem.lua` for `life` in `shard`, under
-    /// the `Idempotency-Key` whose record is `idem_record`.
-    #[allow(clippy::too_many_arguments)]
-    fn book_invocation(
-        &self,
-        invocation: &mut redis::ScriptInvocation<'_>,
-        shard: u32,
-        life: &NewLife,
-        now_ms: i64,
-        guard_ms: i64,
-        notify_before_ms: i64,
-        idem_record: &str,
-    ) {
-        let k = self.shard(shard);
-        let uuid = &life.life_uuid;
-        let rid = life.resource_id.as_deref().unwrap_or("");
-        invocation
-            .key(k.due())
-            .key(k.lives())
-            .key(k.resource(rid))
-            .key(idem_record);
-        for name in life_plugins(life) {
-            invocation.key(k.plugin_lives(&name));
-        }
-        invocation
-            .arg(&k.prefix)
-            .arg(uuid)
-            .arg(rid)
-            .arg(life.birth_at_ms)
-            .arg(life.death_at_ms.map(|m| m.to_string()).unwrap_or_default())
-            .arg(lifecycle::booked(life, now_ms).to_json())
-            .arg(now_ms)
-            .arg(guard_ms)
-            .arg(notify_before_ms);
     }
 
     /// Books a Life under an `Idempotency-Key` in one script (`book_idem.lua`) when the
@@ -317,16 +295,22 @@ impl Store {
         }
         self.memory.check_room(shard)?;
         let record = self.shard(shard).idempotency(key);
+        let k = self.shard(shard);
+        let rid = life.resource_id.as_deref().unwrap_or("");
         let mut invocation = self.scripts.book_idem.prepare_invoke();
-        self.book_invocation(
-            &mut invocation,
-            shard,
-            life,
-            now_ms,
-            guard_ms,
-            notify_before_ms,
-            &record,
-        );
+        // Keys declared for a Redis Cluster's routing: the script builds them from the
+        // prefix, as book.lua does.
+        invocation
+            .key(k.due())
+            .key(k.lives())
+            .key(k.resource(rid))
+            .key(&record);
+        for name in life_plugins(life) {
+            invocation.key(k.plugin_lives(&name));
+        }
+        for arg in book_args(&k.prefix, life, now_ms, guard_ms, notify_before_ms) {
+            invocation.arg(arg);
+        }
         let reply: Vec<String> = invocation
             .arg(fingerprint)
             .arg(pending_ms)

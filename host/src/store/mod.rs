@@ -200,7 +200,7 @@ scripts!(
     records_get,
     records_get_all,
     lives_page,
-    lives_pages,
+    lives_merge,
     pointer,
     claim,
     start_run,
@@ -374,7 +374,9 @@ impl Store {
     /// The group commit that books into `shard`, started on first use (in the runtime
     /// that books).
     fn booker(&self, shard: u32) -> &book_batch::Booker {
-        let i = if self.bookers.len() > 1 { shard } else { 0 };
+        // A cluster has a batcher per shard (its node's bookings only), a standalone
+        // Redis one for every shard.
+        let i = if self.target.is_cluster() { shard } else { 0 };
         self.bookers[i as usize].get_or_init(|| {
             book_batch::Booker::start(self.conn.clone(), Arc::new(self.scripts.book.clone()))
         })

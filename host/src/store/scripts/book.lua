@@ -17,24 +17,17 @@ local out = {}
 local a = 2
 batch_begin()
 while a <= #ARGV do
-  enter_shard(ARGV[a])
-  local uuid, rid = ARGV[a + 1], ARGV[a + 2]
-  local plugins = {}
-  for i = 1, tonumber(ARGV[a + 8]) do
-    plugins[i] = PREFIX .. 'plugin-lives:' .. ARGV[a + 8 + i]
-  end
+  local args
+  args, a = book_argv(a)
   -- A booking that fails (a command's error: a key of the wrong type written by hand)
   -- answers its error and stops no other: the bookings before it stay written and are
   -- answered as such.
-  local ok, booked = pcall(book_life, PREFIX .. 'due', PREFIX .. 'lives',
-    PREFIX .. 'resource:' .. rid, plugins, uuid, rid, ARGV[a + 3], ARGV[a + 4], ARGV[a + 5],
-    ARGV[a + 6], ARGV[a + 7])
+  local ok, booked = pcall(book_life, unpack(args))
   if not ok then
     booked = {'error', type(booked) == 'table' and tostring(booked.err) or tostring(booked)}
   end
   out[#out + 1] = booked[1]
   out[#out + 1] = booked[2] or ''
-  a = a + 9 + #plugins
 end
 batch_end()
 return out

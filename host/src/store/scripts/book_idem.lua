@@ -6,21 +6,21 @@
 -- (idem_begin, the call, idem_finish), which records the refusal. So does a record left
 -- `pending` by a host that died (`stale`): the two-step way retakes it.
 -- KEYS: 1 due (tree), 2 lives (tree), 3 resource index, 4 the key's record, the
---       `plugin-lives:{name}` sets of the plugins the actions use from KEYS[5]
--- ARGV: 1 prefix, 2 uuid, 3 resource_id ('' = none), 4 birth_ms, 5 death_ms ('' for
---       point), 6 record JSON, 7 now_ms, 8 guard_ms, 9 notify_before_ms, then 10
---       fingerprint, 11 pending_ms, 12 ttl_ms,
---       13 status and 14 body of the answer to record
+--       `plugin-lives:{name}` sets of the plugins the actions use from KEYS[5] (declared
+--       for a Redis Cluster's routing: book_life builds them from the prefix, as book.lua)
+-- ARGV: the booking as one of book.lua's (prefix, uuid, resource_id, birth_ms, death_ms,
+--       record JSON, guard_ms, notify_before_ms, the count of plugins, their names), then
+--       fingerprint, pending_ms, ttl_ms, status and body of the answer to record
 -- Returns book_life's answers, or {'reused'} | {'replay', status, body} |
 --   {'in_progress'} | {'stale'}
-local found = idem_lookup(KEYS[4], ARGV[10], ARGV[11])
+local args, a = book_argv(1)
+local fp, pending_ms, ttl_ms, status, body = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3],
+  ARGV[a + 4]
+local found = idem_lookup(KEYS[4], fp, pending_ms)
 if found then return found end
-local plugins = {}
-for i = 5, #KEYS do plugins[#plugins + 1] = KEYS[i] end
-local booked = book_life(KEYS[1], KEYS[2], KEYS[3], plugins, ARGV[2], ARGV[3], ARGV[4],
-  ARGV[5], ARGV[6], ARGV[8], ARGV[9])
+local booked = book_life(unpack(args))
 if booked[1] == 'ok' then
-  redis.call('HSET', KEYS[4], 'fp', ARGV[10], 'state', 'done', 'status', ARGV[13], 'body', ARGV[14])
-  redis.call('PEXPIRE', KEYS[4], ARGV[12])
+  redis.call('HSET', KEYS[4], 'fp', fp, 'state', 'done', 'status', status, 'body', body)
+  redis.call('PEXPIRE', KEYS[4], ttl_ms)
 end
 return booked

@@ -360,6 +360,12 @@ local function record_key(id)
   return last_record_key
 end
 
+-- ID's hash (id_hash), kept with its key for the record that follows.
+local function record_hash(id)
+  record_key(id)
+  return last_record_h
+end
+
 -- Whether a booking of ID checks the sizes of its record's bucket and of its tree leaves
 -- (a quarter of bookings do, by two bits of the id's hash that place nothing: bucket
 -- numbers take its low bits). Each check is a command, and a booking pays per command;
@@ -367,8 +373,7 @@ end
 -- TREE_LEAF_SAMPLED, so that 48 inserts in a row unchecked (one chance in a million)
 -- are needed to outgrow the listpack between two checks.
 local function booking_checks(id)
-  record_key(id)
-  return math.floor(last_record_h / 16777216) % 4 == 0
+  return math.floor(record_hash(id) / 16777216) % 4 == 0
 end
 
 local function get_record(id)
@@ -740,18 +745,18 @@ local function resource_conflict(res_key, lo, hi, exclude)
 end
 
 -- Books a Life and its Plans, or nothing (the body of book.lua, for each of its
--- bookings, and of book_idem.lua). The host built its record (store/record/).
--- DUE, LIVES: the shard's trees; RES_KEY: its resource index (`resource:{rid}`);
--- PLUGIN_KEYS: the `plugin-lives:{name}` sets of the plugins the actions use. UUID, RID
--- ('' = none), BIRTH and DEATH (ms as text, DEATH '' for a point), REC (the record),
--- GUARD and NOTIFY_BEFORE (ms) as book.lua's ARGV give them. Times go to Redis as the
--- text they came as: a Lua number would be printed anew (`%.17g`) at every command.
+-- bookings, and of book_idem.lua). The host built its record (store/record/). Every key
+-- is the shard's (PREFIX): its trees, the resource's index and order, the plugins' sets.
+-- UUID, RID ('' = none), BIRTH and DEATH (ms as text, DEATH '' for a point), REC (the
+-- record), GUARD and NOTIFY_BEFORE (ms) and PLUGINS (the names the actions use) as
+-- book_argv reads them. Times go to Redis as the text they came as: a Lua number would
+-- be printed anew (`%.17g`) at every command.
 -- Returns {'ok'} | {'resource_conflict', other_uuid} | {'duplicate'} |
 --   {'pointer', value}: this is the id's home shard and it points to another shard
 --   (the Life is there, or was, or is being booked there)
-local function book_life(due, lives, res_key, plugin_keys, uuid, rid, birth, death, rec,
-    guard, notify_before)
+local function book_life(uuid, rid, birth, death, rec, guard, notify_before, plugins)
   local birth_ms, death_ms = tonumber(birth), tonumber(death)
+  local res_key = PREFIX .. 'resource:' .. rid
   if rid ~= '' then
     local g = tonumber(guard)
     local other = resource_conflict(res_key, birth_ms - g, (death_ms or birth_ms) + g, uuid)
@@ -771,11 +776,23 @@ local function book_life(due, lives, res_key, plugin_keys, uuid, rid, birth, dea
     if death_ms then redis.call('ZADD', order_key(rid), death, uuid .. ':death') end
   end
   census(nil, 'Inexistent')
-  tree_add(due, birth, uuid .. ':birth', check)
-  tree_add(lives, birth, uuid, check)
-  for _, key in ipairs(plugin_keys) do redis.call('SADD', key, uuid) end
+  tree_add(PREFIX .. 'due', birth, uuid .. ':birth', check)
+  tree_add(PREFIX .. 'lives', birth, uuid, check)
+  for _, name in ipairs(plugins) do redis.call('SADD', PREFIX .. 'plugin-lives:' .. name, uuid) end
   notify_if_soon(birth, notify_before)
   return {'ok'}
+end
+
+-- Reads the booking whose arguments begin at ARGV[A] (store/lives.rs `book_args`: prefix,
+-- uuid, resource_id, birth_ms, death_ms, record, guard_ms, notify_before_ms, the count
+-- of plugins and their names) and enters its shard: book_life's arguments as a table,
+-- and where the next arguments begin.
+local function book_argv(a)
+  enter_shard(ARGV[a])
+  local plugins = {}
+  for i = 1, tonumber(ARGV[a + 8]) do plugins[i] = ARGV[a + 8 + i] end
+  return {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6],
+    ARGV[a + 7], plugins}, a + 9 + #plugins
 end
 
 -- Books the callback of a Plan that finished for good (model::Callbacks): a point Life
