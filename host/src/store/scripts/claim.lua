@@ -29,7 +29,7 @@ local seq = nil
 local function next_claim()
   if not seq then seq = redis.call('INCRBY', KEYS[5], limit) - limit end
   seq = seq + 1
-  return tostring(seq)
+  return int_arg(seq)
 end
 
 -- A Life's Plans.
@@ -50,7 +50,7 @@ if #inflight > 0 then redis.call('HSET', KEYS[7], unpack(inflight)) end
 -- Timers' and tasks' Plans, each a hash of its own.
 local function take(set, until_ms, n)
   if n <= 0 then return end
-  local items = redis.call('ZRANGEBYSCORE', set, '-inf', until_ms, 'WITHSCORES', 'LIMIT', 0, n)
+  local items = redis.call('ZRANGEBYSCORE', set, '-inf', until_ms, 'WITHSCORES', 'LIMIT', '0', int_arg(n))
   if #items == 0 then return end
   local taken = {}
   for i = 1, #items, 2 do

@@ -7,6 +7,13 @@ local PREFIX = ARGV[1]
 
 local function plan_key(plan_id) return PREFIX .. 'plan:' .. plan_id end
 
+-- An integer as the text a command takes. A Lua number given to redis.call is printed
+-- with `%.17g` (Redis 7.0's Lua bridge), and one joined to a string with `%.14g`: both
+-- go through the C library's floating-point printing, which showed in Redis's profile of
+-- a listing page; `%d` does not. Hot paths pass counts and times through this, and
+-- constants as strings ('0', '1').
+local function int_arg(n) return string.format('%d', n) end
+
 -- A timer's or a queue task's Plan is a hash of its own, `plan:{id}`, with plain field
 -- names. (A Life's Plans are in its record: layout 4 below.) Scripts reach such a Plan
 -- through plan_of, which gives its key and its field names:
@@ -481,7 +488,7 @@ local function leaf_id_of(entry) return string.match(entry, '|(%d+)$') end
 -- The index entry of the leaf that (SCORE, MEMBER) belongs in, or nil (an empty tree).
 local function tree_entry(tree, score, member)
   local r = redis.call('ZREVRANGEBYLEX', tree, '[' .. tree_bound(score, member) .. '|~', '-',
-    'LIMIT', 0, 1)
+    'LIMIT', '0', '1')
   return r[1]
 end
 
@@ -549,7 +556,8 @@ local function leaf_read(out, leaf, from, to, cursor, limit, desc)
   local offset = 0
   while true do
     local want = limit - #out / 2 + 1
-    local items = redis.call(command, leaf, from, to, 'WITHSCORES', 'LIMIT', offset, want)
+    local items = redis.call(command, leaf, from, to, 'WITHSCORES', 'LIMIT', int_arg(offset),
+      int_arg(want))
     for i = 1, #items, 2 do
       local skip = false
       if cursor ~= '' and tonumber(items[i + 1]) == tonumber(from) then
@@ -575,7 +583,7 @@ local function tree_range(tree, min, after, max, limit)
   if after == '' then
     -- Every member at MIN: the leaf before the first bound at MIN or past it (a leaf
     -- may begin at (MIN, m) with members at MIN below m in the leaf before).
-    entry = redis.call('ZREVRANGEBYLEX', tree, '(' .. tree_bound(min, ''), '-', 'LIMIT', 0, 1)[1]
+    entry = redis.call('ZREVRANGEBYLEX', tree, '(' .. tree_bound(min, ''), '-', 'LIMIT', '0', '1')[1]
   else
     entry = tree_entry(tree, min, after)
   end
@@ -588,7 +596,7 @@ local function tree_range(tree, min, after, max, limit)
     if leaf_read(out, tree .. ':' .. leaf_id_of(entry), min, max, after, limit, false) then
       return out
     end
-    local nxt = redis.call('ZRANGEBYLEX', tree, '(' .. entry, '+', 'LIMIT', 0, 1)[1]
+    local nxt = redis.call('ZRANGEBYLEX', tree, '(' .. entry, '+', 'LIMIT', '0', '1')[1]
     if not nxt or (max ~= '+inf' and tonumber(string.sub(nxt, 1, 13)) > tonumber(max)) then
       return out
     end
@@ -619,7 +627,7 @@ local function tree_rev_range(tree, max, before, min, limit)
     end
     -- Every leaf before this one holds members below this one's first.
     if tonumber(string.sub(entry, 1, 13)) < lo then return out end
-    entry = redis.call('ZREVRANGEBYLEX', tree, '(' .. entry, '-', 'LIMIT', 0, 1)[1]
+    entry = redis.call('ZREVRANGEBYLEX', tree, '(' .. entry, '-', 'LIMIT', '0', '1')[1]
   end
   return out
 end
@@ -628,11 +636,11 @@ end
 local function tree_take(tree, max, limit)
   local out = {}
   if limit <= 0 then return out end
-  for _, entry in ipairs(redis.call('ZRANGEBYLEX', tree, '-', '+', 'LIMIT', 0, 16)) do
+  for _, entry in ipairs(redis.call('ZRANGEBYLEX', tree, '-', '+', 'LIMIT', '0', '16')) do
     if tonumber(string.sub(entry, 1, 13)) > tonumber(max) then return out end
     local leaf = tree .. ':' .. leaf_id_of(entry)
     local items = redis.call('ZRANGEBYSCORE', leaf, '-inf', max, 'WITHSCORES',
-      'LIMIT', 0, limit - #out / 2)
+      'LIMIT', '0', int_arg(limit - #out / 2))
     if #items > 0 then
       local members = {}
       for j = 1, #items, 2 do
@@ -650,7 +658,7 @@ end
 
 -- The first {member, score} of TREE, or an empty table.
 local function tree_first(tree)
-  for _, entry in ipairs(redis.call('ZRANGEBYLEX', tree, '-', '+', 'LIMIT', 0, 16)) do
+  for _, entry in ipairs(redis.call('ZRANGEBYLEX', tree, '-', '+', 'LIMIT', '0', '16')) do
     local first = redis.call('ZRANGE', tree .. ':' .. leaf_id_of(entry), 0, 0, 'WITHSCORES')
     if first[1] then return first end
   end

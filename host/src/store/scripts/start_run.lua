@@ -35,6 +35,7 @@
 --   started ('late'): its host records it Invalidated (finish_life), still under its claim.
 local host, limit = ARGV[2], tonumber(ARGV[4])
 local now_ms = redis_now_ms()
+local now_text = int_arg(now_ms)
 local out = {}
 
 local owned = ownership(host, ARGV[3])
@@ -251,7 +252,7 @@ local function start_life(plan_id, claim, attempt, rid)
     if head and head ~= plan_id then return 'busy' end
   end
   started[#started + 1] = plan_id
-  started[#started + 1] = v .. '|' .. now_ms .. '|' .. attempt
+  started[#started + 1] = v .. '|' .. now_text .. '|' .. attempt
   return 'run:' .. attempt
 end
 
