@@ -689,18 +689,17 @@ impl Engine {
         });
     }
 
-    /// Records finished runs in batches: whatever arrived while the previous batch was
-    /// being written goes in the next one.
-    /// Records finished runs, one lane per shard: each lane writes one batch at a time,
-    /// and what finishes meanwhile goes into its next. A shard whose master does not
-    /// answer (its lane retrying for up to `RECORD_PATIENCE`) holds up no other shard's
-    /// outcomes. Ends once every run sent to it is recorded.
+    /// Records finished runs in lanes (`finish_lane_of`: one per shard on a Redis
+    /// Cluster, one for all on a standalone Redis): each lane writes one batch at a time,
+    /// and what finishes meanwhile goes into its next. On a cluster a shard whose master
+    /// does not answer (its lane retrying for up to `RECORD_PATIENCE`) holds up no other
+    /// shard's outcomes. Ends once every run sent to it is recorded.
     pub(crate) async fn finisher(self: Arc<Self>, mut finished: mpsc::UnboundedReceiver<Finished>) {
         let mut lanes: HashMap<u32, mpsc::UnboundedSender<Finished>> = HashMap::new();
         let mut lane_tasks = tokio::task::JoinSet::new();
+        let lane_of = self.finish_lane_of();
         while let Some(run) = finished.recv().await {
-            let shard = run.run.plan.shard;
-            let lane = lanes.entry(shard).or_insert_with(|| {
+            let lane = lanes.entry(lane_of(run.run.plan.shard)).or_insert_with(|| {
                 let (tx, rx) = mpsc::unbounded_channel();
                 lane_tasks.spawn(self.clone().finish_lane(rx));
                 tx
@@ -711,7 +710,7 @@ impl Engine {
         while lane_tasks.join_next().await.is_some() {}
     }
 
-    /// One shard's lane of the finisher.
+    /// One lane of the finisher.
     async fn finish_lane(self: Arc<Self>, mut finished: mpsc::UnboundedReceiver<Finished>) {
         while let Some(first) = finished.recv().await {
             let mut batch = vec![first];
@@ -733,7 +732,10 @@ impl Engine {
     /// then another host's supervisor may have taken the Plans over, and they run again
     /// (at-least-once).
     async fn record_batch(&self, batch: &[Finished]) {
-        // One finish call per shard and kind (a script touches one shard).
+        // One finish call per shard and kind (a script touches one shard); on a
+        // standalone Redis one call for every shard's Lives (`finish_life` takes them in
+        // sections).
+        let lane = self.finish_lane_of();
         let mut lives: BTreeMap<u32, Vec<FinishedRun>> = BTreeMap::new();
         let mut tasks: BTreeMap<u32, Vec<FinishedRun>> = BTreeMap::new();
         let mut timers = Vec::new();
@@ -745,14 +747,12 @@ impl Engine {
                     .push(f.run.clone()),
                 Some(Owner::Timer(_)) => timers.push(f.run.clone()),
                 _ => lives
-                    .entry(f.run.plan.shard)
+                    .entry(lane(f.run.plan.shard))
                     .or_default()
                     .push(f.run.clone()),
             }
         }
-        let lives = lives
-            .into_iter()
-            .map(|(shard, runs)| self.record_lives(shard, runs));
+        let lives = lives.into_values().map(|runs| self.record_lives(runs));
         let tasks = tasks
             .into_iter()
             .map(|(shard, runs)| self.record_tasks(shard, runs));
@@ -797,7 +797,17 @@ impl Engine {
         }
     }
 
-    async fn record_lives(&self, shard: u32, mut runs: Vec<FinishedRun>) {
+    /// Which lane of the finisher, and which call of `finish_life`, a shard's runs go
+    /// in: their own shard's on a Redis Cluster (a shard whose master does not answer
+    /// holds up no other), one for all on a standalone Redis, which holds every shard
+    /// (each shard's own calls carried a few runs each, and a call costs Redis more
+    /// than its runs' share of the work).
+    fn finish_lane_of(&self) -> impl Fn(u32) -> u32 {
+        let cluster = self.store.is_cluster();
+        move |shard| if cluster { shard } else { 0 }
+    }
+
+    async fn record_lives(&self, mut runs: Vec<FinishedRun>) {
         for run in &mut runs {
             self.attach_callback(run);
         }
@@ -807,7 +817,7 @@ impl Engine {
             let now_ms = self.clock.now_ms();
             match self
                 .store
-                .finish_lives(shard, &self.host_id, &runs, now_ms, self.notify_before_ms())
+                .finish_lives(&self.host_id, &runs, now_ms, self.notify_before_ms())
                 .await
             {
                 Ok(held) => {

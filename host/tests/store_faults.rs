@@ -218,7 +218,7 @@ async fn finishes_retried_after_a_lost_reply_record_each_run_once() {
 
     for _ in 0..2 {
         let held = store
-            .finish_lives(0, "h1", &[done(life, 1)], now_ms(), now_ms() + FAR)
+            .finish_lives("h1", &[done(life, 1)], now_ms(), now_ms() + FAR)
             .await
             .unwrap();
         assert_eq!(held, [true], "the retry answers as the first call did");
@@ -451,7 +451,7 @@ async fn a_host_whose_shard_lease_ran_out_or_was_taken_starts_and_claims_nothing
     );
     // h1's late outcome of the run cut off is recorded but changes nothing.
     let held = store
-        .finish_lives(0, "h1", &[done(&plan, 1)], now_ms(), now_ms() + FAR)
+        .finish_lives("h1", &[done(&plan, 1)], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
     assert_eq!(held, [false]);
@@ -478,7 +478,7 @@ async fn a_resource_plan_waits_for_every_earlier_plan_of_its_resource() {
         [StartOutcome::Run { attempts: 1 }]
     );
     store
-        .finish_lives(0, "h1", &[done(a_birth, 1)], now_ms(), now_ms() + FAR)
+        .finish_lives("h1", &[done(a_birth, 1)], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
     // A is Alive; its death starts, and then h1 dies mid-call.
@@ -507,7 +507,7 @@ async fn a_resource_plan_waits_for_every_earlier_plan_of_its_resource() {
         [StartOutcome::Run { attempts: 2 }]
     );
     store
-        .finish_lives(0, "h2", &[done(&a_death, 2)], now_ms(), now_ms() + FAR)
+        .finish_lives("h2", &[done(&a_death, 2)], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
     assert_eq!(
@@ -564,7 +564,7 @@ async fn a_late_birth_that_may_have_reached_its_target_is_followed_by_its_death(
     run.outcome = RunOutcome::Invalidated;
     run.record.outcome = "invalidated";
     let held = store
-        .finish_lives(0, "h2", &[run], now_ms(), now_ms() + FAR)
+        .finish_lives("h2", &[run], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
     assert_eq!(held, [true]);
@@ -782,7 +782,7 @@ async fn a_redis_at_maxmemory_refuses_bookings_but_runs_under_way_finish() {
         [StartOutcome::Run { attempts: 1 }]
     );
     let held = store
-        .finish_lives(0, "h1", &[done(plan, 1)], now_ms(), now_ms() + FAR)
+        .finish_lives("h1", &[done(plan, 1)], now_ms(), now_ms() + FAR)
         .await
         .unwrap();
     assert_eq!(held, [true]);

@@ -4,7 +4,10 @@
 
 use kairos::model::NewLife;
 use kairos::model::ScheduleType;
-use kairos::store::{CancelOutcome, ListFilter, OpenError, Store};
+use kairos::store::{
+    CancelOutcome, ClaimReply, Claimed, FinishedRun, ListFilter, OpenError, RunOutcome, RunRecord,
+    StartOutcome, Store, Takeover,
+};
 use redis::AsyncCommands;
 
 mod common;
@@ -321,4 +324,84 @@ async fn the_sweep_takes_a_swept_lifes_pointer_with_it() {
     book(&store, &life("gone", None, now_ms() + LATER))
         .await
         .unwrap();
+}
+
+fn done(plan: &Claimed) -> FinishedRun {
+    FinishedRun {
+        plan: plan.clone(),
+        outcome: RunOutcome::Done,
+        record: RunRecord {
+            should_run_at_ms: plan.fire_at_ms,
+            started_at_ms: now_ms(),
+            duration_ms: 5,
+            outcome: "success",
+            status: Some(200),
+            error: None,
+            attempt: 1,
+            output: None,
+            logs: Vec::new(),
+            retry_after_ms: None,
+        },
+        callback: None,
+    }
+}
+
+/// On a standalone Redis the runs of many shards are recorded in one call of
+/// `finish_life` (a section a shard), and each run is judged and answered as its own:
+/// one whose claim is not this host's any more is refused in the middle of the others,
+/// and the rest are written, each in its own shard, with its shard's census.
+#[tokio::test]
+async fn runs_of_many_shards_finish_in_one_call_each_answered_as_its_own() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(4)).await.unwrap();
+    let at = now_ms() + 5_000;
+    for i in 0..24 {
+        book(&store, &life(&format!("l{i:02}"), None, at + i))
+            .await
+            .unwrap();
+    }
+    let mut runs = Vec::new();
+    for shard in 0..4 {
+        let Takeover::Taken { gen, .. } = store.shard_takeover(shard, "h1", 30_000).await.unwrap()
+        else {
+            panic!("shard {shard} is held");
+        };
+        let ClaimReply::Claimed { plans, .. } = store
+            .claim(shard, "h1", gen, now_ms() + 60_000, 1000, now_ms(), 0)
+            .await
+            .unwrap()
+        else {
+            panic!("shard {shard}: claim refused");
+        };
+        assert!(!plans.is_empty(), "shard {shard} got no Lives");
+        let refs: Vec<&Claimed> = plans.iter().collect();
+        let started = store
+            .start_runs(shard, "h1", gen, &refs, 180_000)
+            .await
+            .unwrap();
+        assert!(started
+            .iter()
+            .all(|s| matches!(s, StartOutcome::Run { attempts: 1 })));
+        runs.extend(plans.iter().map(done));
+    }
+    assert_eq!(runs.len(), 24);
+    // Interleave the shards, as the finisher's batch comes, and spoil one run's claim.
+    runs.sort_by(|a, b| a.plan.plan_id.cmp(&b.plan.plan_id));
+    let spoiled = 13;
+    runs[spoiled].plan.claim = "999999".into();
+    let held = store
+        .finish_lives("h1", &runs, now_ms(), now_ms())
+        .await
+        .unwrap();
+    let expected: Vec<bool> = (0..24).map(|i| i != spoiled).collect();
+    assert_eq!(held, expected);
+    for (i, run) in runs.iter().enumerate() {
+        let id = run.plan.plan_id.trim_end_matches(":birth");
+        let view = store.life_view(id, 10).await.unwrap().unwrap();
+        let state = if i == spoiled { "Inexistent" } else { "Dead" };
+        assert_eq!(view["state"], state, "{id}: {view:#}");
+    }
+    // The census of every shard: Inexistent, Alive, Dead, Stillbirth, Invalidated.
+    let stats = store.cluster_stats(now_ms()).await.unwrap();
+    assert_eq!(stats.lives, [1, 0, 23, 0, 0]);
 }

@@ -8,6 +8,7 @@
 //!   (`scripts/finish_life.lua`). Timers and tasks have their own finish scripts
 //!   (timers.rs, queues.rs).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use serde_json::{json, Value};
@@ -342,13 +343,14 @@ impl Store {
             .collect())
     }
 
-    /// Records a batch of one shard's finished Life runs (`scripts/finish_life.lua`):
-    /// each Life's record after its run (`lifecycle::after_run`), built from the record
-    /// the Plan was claimed with, or (for a Life changed meanwhile: `stale`) from the
-    /// record as it is now. Returns per run whether this host still held the Plan.
+    /// Records a batch of finished Life runs (`scripts/finish_life.lua`): each Life's
+    /// record after its run (`lifecycle::after_run`), built from the record the Plan was
+    /// claimed with, or (for a Life changed meanwhile: `stale`) from the record as it is
+    /// now. Returns per run whether this host still held the Plan. On a standalone Redis
+    /// the runs may be of any shards, all in one call; on a Redis Cluster they must be of
+    /// one shard (a call goes to one node).
     pub async fn finish_lives(
         &self,
-        shard: u32,
         host: &str,
         runs: &[FinishedRun],
         now_ms: i64,
@@ -363,14 +365,14 @@ impl Store {
                 break;
             }
             let reply = self
-                .finish_lives_once(shard, host, runs, &todo, &fresh, now_ms, notify_before_ms)
+                .finish_lives_once(host, runs, &todo, &fresh, now_ms, notify_before_ms)
                 .await?;
-            for (&i, word) in todo.iter().zip(reply) {
+            for (i, word) in reply {
                 match word.as_str() {
                     "ok" => outcome[i] = Some(true),
                     "stale" => {
                         let uuid = runs[i].plan.plan_id.rsplit_once(':').map_or("", |(u, _)| u);
-                        match self.load_in(shard, uuid).await {
+                        match self.load_in(runs[i].plan.shard, uuid).await {
                             Ok(Some(loaded)) => fresh[i] = Some((loaded.text, loaded.record)),
                             _ => outcome[i] = Some(false),
                         }
@@ -382,37 +384,61 @@ impl Store {
         Ok(outcome.into_iter().map(|o| o.unwrap_or(false)).collect())
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// One call of `finish_life.lua` for the runs `todo` (indices into `runs`), a section
+    /// per shard: each run's answer with its index.
     async fn finish_lives_once(
         &self,
-        shard: u32,
         host: &str,
         runs: &[FinishedRun],
         todo: &[usize],
         fresh: &[Option<(String, LifeRecord)>],
         now_ms: i64,
         notify_before_ms: i64,
-    ) -> redis::RedisResult<Vec<String>> {
-        let k = self.shard(shard);
+    ) -> redis::RedisResult<Vec<(usize, String)>> {
+        let mut sections: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+        for &i in todo {
+            sections.entry(runs[i].plan.shard).or_default().push(i);
+        }
+        let Some(&first) = sections.keys().next() else {
+            return Ok(Vec::new());
+        };
         let mut invocation = self.scripts.finish_life.prepare_invoke();
         invocation
-            .key(k.due())
-            .key(k.lives())
-            .key(k.finished())
-            .key(k.runs())
-            .key(k.inflight())
-            .arg(&k.prefix)
+            .key(self.shard(first).inflight())
+            .arg("")
             .arg(host)
             .arg(now_ms)
             .arg(notify_before_ms)
             .arg(self.runs_max_len);
-        for &i in todo {
-            let run = &runs[i];
+        let mut order = Vec::with_capacity(todo.len());
+        for (shard, section) in &sections {
+            invocation
+                .arg(&self.shard(*shard).prefix)
+                .arg(section.len());
+            for &i in section {
+                self.finish_args(&mut invocation, host, &runs[i], fresh[i].as_ref(), now_ms);
+                order.push(i);
+            }
+        }
+        let reply: Vec<String> = invocation.invoke_async(&mut self.conn()).await?;
+        Ok(order.into_iter().zip(reply).collect())
+    }
+
+    /// One run's 16 arguments of `finish_life.lua`.
+    fn finish_args(
+        &self,
+        invocation: &mut redis::ScriptInvocation<'_>,
+        host: &str,
+        run: &FinishedRun,
+        fresh: Option<&(String, LifeRecord)>,
+        now_ms: i64,
+    ) {
+        {
             let (uuid, kind) = run
                 .plan
                 .life_and_kind()
                 .unwrap_or(("", crate::model::PlanKind::Birth));
-            let (expect, base) = match &fresh[i] {
+            let (expect, base) = match fresh {
                 Some((text, record)) => (text.as_str(), record.clone()),
                 None => (
                     "",
@@ -501,7 +527,6 @@ impl Store {
                 .arg(stream)
                 .arg(r.outcome);
         }
-        invocation.invoke_async(&mut self.conn()).await
     }
 }
 /// A run as written to history: the same JSON for Lives, timers and tasks.

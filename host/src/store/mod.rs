@@ -409,6 +409,12 @@ impl Store {
         &self.target
     }
 
+    /// Whether the store is a Redis Cluster (its shards on several nodes) rather than one
+    /// standalone Redis that holds every shard.
+    pub fn is_cluster(&self) -> bool {
+        self.target.is_cluster()
+    }
+
     pub fn shard_count(&self) -> u32 {
         self.placement.shards
     }

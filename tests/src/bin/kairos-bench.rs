@@ -1596,10 +1596,7 @@ async fn bench_scripts() {
         .collect();
     let before = cpu().await;
     for chunk in runs.chunks(batch) {
-        let held = store
-            .finish_lives(0, host, chunk, now_ms(), 0)
-            .await
-            .unwrap();
+        let held = store.finish_lives(host, chunk, now_ms(), 0).await.unwrap();
         assert!(held.iter().all(|h| *h), "every run is recorded as held");
     }
     rows.push(("finish (`finish_life.lua`)", cpu().await - before));

@@ -10,88 +10,106 @@
 -- host builds it again from the record as it is now.
 -- A call retried after its reply was lost finds its own `done_by` mark (`"db"`) in the
 -- record and answers 'ok' again without writing anything twice.
--- KEYS: 1 due (tree), 2 lives (tree), 3 finished (list), 4 runs, 5 inflight
--- ARGV: 1 prefix, 2 host, 3 now_ms, 4 notify_before_ms, 5 runs stream max length, then
---       per run 16 values: plan_id, claim, expect ('' = the record as claimed), the new
---       record, census from and to ('' = none), a Plan to enter the due tree and when
---       ('' = none), the Plans that leave the resource's order set (space separated),
---       resource_id, finished ('1': onto the finished list at now; 'F': and a failure, into
---       the `failed` index too), callback Life id, its
---       record and its plugins (space separated), the run's record for the runs stream,
---       its outcome word
--- Returns per run: 'ok' | 'stale' | 'lost' (the Plan is not this host's run any more)
+-- On a standalone Redis one call carries the runs of many shards, a section each (a
+-- shard's calls carried a few runs each, and each call costs Redis more than its runs'
+-- share of the work); on a Redis Cluster a call is one shard's.
+-- KEYS: 1 the first section's inflight (it names the node to call)
+-- ARGV: 1 '' (each section brings its shard's prefix), 2 host, 3 now_ms,
+--       4 notify_before_ms, 5 runs stream max length, then per section: the shard's
+--       prefix, the count of its runs, and per run 16 values: plan_id, claim, expect
+--       ('' = the record as claimed), the new record, census from and to ('' = none), a
+--       Plan to enter the due tree and when ('' = none), the Plans that leave the
+--       resource's order set (space separated), resource_id, finished ('1': onto the
+--       finished list at now; 'F': and a failure, into the `failed` index too),
+--       callback Life id, its record and its plugins (space separated), the run's record
+--       for the runs stream, its outcome word
+-- Returns per run, in the order given: 'ok' | 'stale' | 'lost' (the Plan is not this
+--   host's run any more)
 local K = 16
 local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
-local n = (#ARGV - 5) / K
-local plans, uuids = {}, {}
-for i = 0, n - 1 do
-  local id = ARGV[6 + i * K]
-  plans[#plans + 1] = id
-  uuids[#uuids + 1] = string.sub(id, 1, -7)
-end
-if n == 0 then return {} end
-local inflight = redis.call('HMGET', KEYS[5], unpack(plans))
-local touched = redis.call('SMISMEMBER', PREFIX .. 'touched', unpack(uuids))
-batch_begin()
-local out, done, finished, failed = {}, {}, {}, {}
-for i = 0, n - 1 do
-  local b = 6 + i * K
-  local plan_id, claim, expect, rec = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  local uuid = uuids[i + 1]
-  local f_claim, f_host = inflight_owner(inflight[i + 1])
-  local key = record_key(uuid)
-  local cur = redis.call('HGET', key, uuid)
-  local verdict
-  -- A Plan still Preset under this claim is a birth start_run found too late ('late'):
-  -- its host records it Invalidated here.
-  if f_claim ~= claim or f_host ~= host then
-    if cur and string.find(cur, '"db":"' .. host .. '#' .. claim .. '"', 1, true) then
-      verdict = 'ok'
-    else
-      verdict = 'lost'
-    end
-  elseif not cur then
-    -- The Life is gone (deleted by hand, or swept after this host lost the Plan): its
-    -- claim goes, nothing comes back.
-    done[#done + 1] = plan_id
-    verdict = 'lost'
-  elseif (expect == '' and touched[i + 1] == 1) or (expect ~= '' and cur ~= expect) then
-    verdict = 'stale'
-  else
-    redis.call('HSET', key, uuid, rec)
-    if touched[i + 1] == 1 then redis.call('SREM', PREFIX .. 'touched', uuid) end
-    done[#done + 1] = plan_id
-    local from, to = ARGV[b + 4], ARGV[b + 5]
-    if from ~= '' or to ~= '' then census(from ~= '' and from or nil, to ~= '' and to or nil) end
-    if ARGV[b + 6] ~= '' then
-      tree_add(KEYS[1], ARGV[b + 7], ARGV[b + 6])
-      notify_if_soon(ARGV[b + 7], notify_before)
-    end
-    if ARGV[b + 8] ~= '' then
-      local ids = {}
-      for id in string.gmatch(ARGV[b + 8], '%S+') do ids[#ids + 1] = id end
-      redis.call('ZREM', order_key(ARGV[b + 9]), unpack(ids))
-    end
-    local fin = ARGV[b + 10]
-    if fin == '1' or fin == 'F' then finished[#finished + 1] = finished_entry(now_ms, uuid) end
-    if fin == 'F' then
-      failed[#failed + 1] = now_ms
-      failed[#failed + 1] = uuid
-    end
-    if ARGV[b + 11] ~= '' then
-      book_callback(KEYS[1], KEYS[2], ARGV[b + 11], ARGV[b + 12], ARGV[b + 13], now_ms,
-        notify_before)
-    end
-    if ARGV[b + 14] ~= '' then
-      add_run(KEYS[4], ARGV[5], 'life', uuid, 'plan', string.sub(plan_id, -5),
-        'outcome', ARGV[b + 15], 'record', ARGV[b + 14])
-    end
-    verdict = 'ok'
+local out = {}
+
+-- The section of N runs whose arguments begin at ARGV[A], in the current shard.
+local function finish_section(a, n)
+  if n == 0 then return end
+  local plans, uuids = {}, {}
+  for i = 0, n - 1 do
+    local id = ARGV[a + i * K]
+    plans[#plans + 1] = id
+    uuids[#uuids + 1] = string.sub(id, 1, -7)
   end
-  out[#out + 1] = verdict
+  local due, inflight_key = PREFIX .. 'due', PREFIX .. 'inflight'
+  local inflight = redis.call('HMGET', inflight_key, unpack(plans))
+  local touched = redis.call('SMISMEMBER', PREFIX .. 'touched', unpack(uuids))
+  local done, finished, failed = {}, {}, {}
+  for i = 0, n - 1 do
+    local b = a + i * K
+    local plan_id, claim, expect, rec = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+    local uuid = uuids[i + 1]
+    local f_claim, f_host = inflight_owner(inflight[i + 1])
+    local key = record_key(uuid)
+    local cur = redis.call('HGET', key, uuid)
+    local verdict
+    -- A Plan still Preset under this claim is a birth start_run found too late ('late'):
+    -- its host records it Invalidated here.
+    if f_claim ~= claim or f_host ~= host then
+      if cur and string.find(cur, '"db":"' .. host .. '#' .. claim .. '"', 1, true) then
+        verdict = 'ok'
+      else
+        verdict = 'lost'
+      end
+    elseif not cur then
+      -- The Life is gone (deleted by hand, or swept after this host lost the Plan): its
+      -- claim goes, nothing comes back.
+      done[#done + 1] = plan_id
+      verdict = 'lost'
+    elseif (expect == '' and touched[i + 1] == 1) or (expect ~= '' and cur ~= expect) then
+      verdict = 'stale'
+    else
+      redis.call('HSET', key, uuid, rec)
+      if touched[i + 1] == 1 then redis.call('SREM', PREFIX .. 'touched', uuid) end
+      done[#done + 1] = plan_id
+      local from, to = ARGV[b + 4], ARGV[b + 5]
+      if from ~= '' or to ~= '' then census(from ~= '' and from or nil, to ~= '' and to or nil) end
+      if ARGV[b + 6] ~= '' then
+        tree_add(due, ARGV[b + 7], ARGV[b + 6])
+        notify_if_soon(ARGV[b + 7], notify_before)
+      end
+      if ARGV[b + 8] ~= '' then
+        local ids = {}
+        for id in string.gmatch(ARGV[b + 8], '%S+') do ids[#ids + 1] = id end
+        redis.call('ZREM', order_key(ARGV[b + 9]), unpack(ids))
+      end
+      local fin = ARGV[b + 10]
+      if fin == '1' or fin == 'F' then finished[#finished + 1] = finished_entry(now_ms, uuid) end
+      if fin == 'F' then
+        failed[#failed + 1] = now_ms
+        failed[#failed + 1] = uuid
+      end
+      if ARGV[b + 11] ~= '' then
+        book_callback(due, PREFIX .. 'lives', ARGV[b + 11], ARGV[b + 12], ARGV[b + 13], now_ms,
+          notify_before)
+      end
+      if ARGV[b + 14] ~= '' then
+        add_run(PREFIX .. 'runs', ARGV[5], 'life', uuid, 'plan', string.sub(plan_id, -5),
+          'outcome', ARGV[b + 15], 'record', ARGV[b + 14])
+      end
+      verdict = 'ok'
+    end
+    out[#out + 1] = verdict
+  end
+  if #done > 0 then redis.call('HDEL', inflight_key, unpack(done)) end
+  if #finished > 0 then redis.call('RPUSH', PREFIX .. 'finished', unpack(finished)) end
+  if #failed > 0 then redis.call('ZADD', PREFIX .. 'failed', unpack(failed)) end
 end
-if #done > 0 then redis.call('HDEL', KEYS[5], unpack(done)) end
-if #finished > 0 then redis.call('RPUSH', KEYS[3], unpack(finished)) end
-if #failed > 0 then redis.call('ZADD', PREFIX .. 'failed', unpack(failed)) end
+
+batch_begin()
+local a = 6
+while a <= #ARGV do
+  enter_shard(ARGV[a])
+  local n = tonumber(ARGV[a + 1])
+  finish_section(a + 2, n)
+  a = a + 2 + n * K
+end
 batch_end()
 return out
