@@ -1,4 +1,4 @@
-//! The helpers each script is sent with: the top-level definitions of `common.lua` (and
+//! The scripts kairos sends (`Scripts`), and the helpers each is sent with: the top-level definitions of `common.lua` (and
 //! `record_bucket.lua`) that its body names, directly or through other helpers, and no
 //! others.
 //!
@@ -15,6 +15,8 @@
 //! one that is.
 
 use std::collections::{BTreeSet, HashSet};
+
+use redis::Script;
 
 /// One top-level definition: the names it defines and its text.
 struct Definition<'a> {
@@ -77,6 +79,103 @@ pub(crate) fn prelude_for(common: &str, body: &str) -> String {
         .into_iter()
         .map(|i| defs[i].text.as_str())
         .collect()
+}
+
+// The scripts themselves, each sent with its prelude.
+
+macro_rules! scripts {
+    ($($name:ident),* $(,)?) => {
+        /// Every script, each with the helpers of `common.lua` it needs prepended.
+        pub(crate) struct Scripts {
+            $(pub(crate) $name: Script,)*
+            /// `kairos migrate` to layout 3 (from layouts 1 and 2), with the helpers
+            /// of that layout (`common3.lua`).
+            pub(crate) migrate: Script,
+        }
+
+        impl Scripts {
+            pub(super) fn load() -> Self {
+                Scripts {
+                    $($name: script(include_str!(concat!("scripts/", stringify!($name), ".lua"))),)*
+                    migrate: Script::new(&script_with(
+                        include_str!("scripts/common3.lua"),
+                        include_str!("scripts/migrate.lua"),
+                    )),
+                }
+            }
+        }
+    };
+}
+
+scripts!(
+    book,
+    debounce,
+    life_apply,
+    life_load,
+    records_get,
+    records_get_all,
+    lives_page,
+    lives_merge,
+    pointer,
+    claim,
+    start_run,
+    finish_life,
+    release,
+    inflight_scan,
+    fold4,
+    sweep,
+    finished_excess,
+    shard_stats,
+    shard_first,
+    timer_put,
+    timer_run,
+    timer_delete,
+    finish_timer,
+    timer_dialect,
+    queue_put,
+    queue_purge,
+    queue_resume,
+    task_add,
+    task_change,
+    task_lease,
+    task_lease_change,
+    finish_task,
+    queue_wake,
+    shard_takeover,
+    shard_renew,
+    shard_release,
+    plugin_users,
+    meta_init,
+    idem_begin,
+    idem_finish,
+    book_idem,
+    history_size,
+    census_rebuild,
+    zset_page,
+);
+
+/// A script's text with the helpers of `common.lua` it needs prepended (`lua_prelude.rs`); a first line `#!lua flags=...` (Redis 7)
+/// stays first.
+fn script(body: &str) -> Script {
+    Script::new(&script_text(body))
+}
+
+pub(super) fn script_text(body: &str) -> String {
+    let common = concat!(
+        include_str!("scripts/record_bucket.lua"),
+        include_str!("scripts/common.lua")
+    );
+    script_with(&prelude_for(common, body), body)
+}
+
+pub(super) fn script_with(common: &str, body: &str) -> String {
+    match body.strip_prefix("#!lua") {
+        Some(rest) => {
+            let (flags, rest) = rest.split_once('\n').unwrap_or((rest, ""));
+            format!("#!lua{flags}\n{common}\n{rest}")
+        }
+        None => format!("{common}\n{body}"),
+    }
 }
 
 #[cfg(test)]
@@ -143,5 +242,22 @@ end})
         let page = prelude_for(common, include_str!("scripts/lives_page.lua"));
         assert!(page.contains("local function tree_range("));
         assert!(!page.contains("local function book_life("));
+    }
+
+    #[test]
+    fn a_shebang_stays_the_first_line_of_a_script() {
+        let text = script_text(include_str!("scripts/finish_life.lua"));
+        assert!(
+            text.starts_with("#!lua flags=allow-oom\nlocal function id_hash("),
+            "{}",
+            &text[..80]
+        );
+        assert_eq!(text.matches("#!lua").count(), 1);
+        let text = script_text(include_str!("scripts/records_get.lua"));
+        assert!(
+            text.starts_with("local function id_hash("),
+            "{}",
+            &text[..80]
+        );
     }
 }

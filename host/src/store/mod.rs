@@ -77,7 +77,8 @@ use std::sync::{Arc, OnceLock};
 
 use chrono::{SecondsFormat, TimeZone};
 use chrono_tz::Tz;
-use redis::Script;
+use lua_prelude::script_with;
+pub(crate) use lua_prelude::Scripts;
 
 use crate::error::ApiError;
 
@@ -165,101 +166,6 @@ pub fn rfc3339(ms: i64, tz: Tz) -> String {
     match tz.timestamp_millis_opt(ms).single() {
         Some(t) => t.to_rfc3339_opts(SecondsFormat::AutoSi, true),
         None => String::new(),
-    }
-}
-
-macro_rules! scripts {
-    ($($name:ident),* $(,)?) => {
-        /// Every script, each with the helpers of `common.lua` it needs prepended.
-        pub(crate) struct Scripts {
-            $(pub(crate) $name: Script,)*
-            /// `kairos migrate` to layout 3 (from layouts 1 and 2), with the helpers
-            /// of that layout (`common3.lua`).
-            pub(crate) migrate: Script,
-        }
-
-        impl Scripts {
-            fn load() -> Self {
-                Scripts {
-                    $($name: script(include_str!(concat!("scripts/", stringify!($name), ".lua"))),)*
-                    migrate: Script::new(&script_with(
-                        include_str!("scripts/common3.lua"),
-                        include_str!("scripts/migrate.lua"),
-                    )),
-                }
-            }
-        }
-    };
-}
-
-scripts!(
-    book,
-    debounce,
-    life_apply,
-    life_load,
-    records_get,
-    records_get_all,
-    lives_page,
-    lives_merge,
-    pointer,
-    claim,
-    start_run,
-    finish_life,
-    release,
-    inflight_scan,
-    fold4,
-    sweep,
-    finished_excess,
-    shard_stats,
-    shard_first,
-    timer_put,
-    timer_run,
-    timer_delete,
-    finish_timer,
-    timer_dialect,
-    queue_put,
-    queue_purge,
-    queue_resume,
-    task_add,
-    task_change,
-    task_lease,
-    task_lease_change,
-    finish_task,
-    queue_wake,
-    shard_takeover,
-    shard_renew,
-    shard_release,
-    plugin_users,
-    meta_init,
-    idem_begin,
-    idem_finish,
-    book_idem,
-    history_size,
-    census_rebuild,
-    zset_page,
-);
-
-/// A script's text with the helpers of `common.lua` it needs prepended (`lua_prelude.rs`); a first line `#!lua flags=...` (Redis 7)
-/// stays first.
-fn script(body: &str) -> Script {
-    Script::new(&script_text(body))
-}
-
-fn script_text(body: &str) -> String {
-    let common = concat!(
-        include_str!("scripts/record_bucket.lua"),
-        include_str!("scripts/common.lua")
-    );
-    script_with(&lua_prelude::prelude_for(common, body), body)
-}
-
-fn script_with(common: &str, body: &str) -> String {
-    match body.strip_prefix("#!lua") {
-        Some(rest) => {
-            let (flags, rest) = rest.split_once('\n').unwrap_or((rest, ""));
-            format!("#!lua{flags}\n{common}\n{rest}")
-        }
-        None => format!("{common}\n{body}"),
     }
 }
 
@@ -602,23 +508,6 @@ mod tests {
         assert_ne!(
             life_id_number("7f00000000004000-8000-000000000a01"),
             life_id_number("7f000000-0000-4000-8000-000000000a01")
-        );
-    }
-
-    #[test]
-    fn a_shebang_stays_the_first_line_of_a_script() {
-        let text = script_text(include_str!("scripts/finish_life.lua"));
-        assert!(
-            text.starts_with("#!lua flags=allow-oom\nlocal function id_hash("),
-            "{}",
-            &text[..80]
-        );
-        assert_eq!(text.matches("#!lua").count(), 1);
-        let text = script_text(include_str!("scripts/records_get.lua"));
-        assert!(
-            text.starts_with("local function id_hash("),
-            "{}",
-            &text[..80]
         );
     }
 
