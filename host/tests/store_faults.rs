@@ -10,13 +10,13 @@ use kairos::model::ScheduleType;
 use kairos::store::inspect;
 use kairos::store::record::{Inflight, LifeRecord};
 use kairos::store::{
-    ClaimReply, Claimed, FinishedRun, NewTask, NewTaskWork, RunOutcome, RunRecord, StartOutcome,
-    Store, Takeover, TimerFinish,
+    ClaimReply, Claimed, NewTask, NewTaskWork, RunOutcome, StartOutcome, Store, Takeover,
+    TimerFinish,
 };
 use redis::AsyncCommands;
 
 mod common;
-use common::{hook, now_ms, Redis};
+use common::{done, hook, now_ms, Redis};
 
 fn point(id: &str, at_ms: i64) -> NewLife {
     NewLife {
@@ -109,26 +109,6 @@ async fn start(store: &Store, host: &str, gen: u64, plans: &[&Claimed]) -> Vec<S
         .start_runs(0, host, gen, plans, 180_000)
         .await
         .unwrap()
-}
-
-fn done(plan: &Claimed, attempt: u32) -> FinishedRun {
-    FinishedRun {
-        plan: plan.clone(),
-        outcome: RunOutcome::Done,
-        record: RunRecord {
-            should_run_at_ms: plan.fire_at_ms,
-            started_at_ms: now_ms(),
-            duration_ms: 5,
-            outcome: "success",
-            status: Some(200),
-            error: None,
-            attempt,
-            output: None,
-            logs: Vec::new(),
-            retry_after_ms: None,
-        },
-        callback: None,
-    }
 }
 
 /// Life `id`'s record and its Plans' `inflight` entries.

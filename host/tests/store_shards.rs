@@ -5,13 +5,12 @@
 use kairos::model::NewLife;
 use kairos::model::ScheduleType;
 use kairos::store::{
-    CancelOutcome, ClaimReply, Claimed, FinishedRun, ListFilter, OpenError, RunOutcome, RunRecord,
-    StartOutcome, Store, Takeover,
+    CancelOutcome, ClaimReply, Claimed, ListFilter, OpenError, StartOutcome, Store, Takeover,
 };
 use redis::AsyncCommands;
 
 mod common;
-use common::{hook, now_ms, Redis};
+use common::{done, hook, now_ms, Redis};
 
 fn life(id: &str, resource: Option<&str>, at_ms: i64) -> NewLife {
     NewLife {
@@ -326,26 +325,6 @@ async fn the_sweep_takes_a_swept_lifes_pointer_with_it() {
         .unwrap();
 }
 
-fn done(plan: &Claimed) -> FinishedRun {
-    FinishedRun {
-        plan: plan.clone(),
-        outcome: RunOutcome::Done,
-        record: RunRecord {
-            should_run_at_ms: plan.fire_at_ms,
-            started_at_ms: now_ms(),
-            duration_ms: 5,
-            outcome: "success",
-            status: Some(200),
-            error: None,
-            attempt: 1,
-            output: None,
-            logs: Vec::new(),
-            retry_after_ms: None,
-        },
-        callback: None,
-    }
-}
-
 /// On a standalone Redis the runs of many shards are recorded in one call of
 /// `finish_life` (a section a shard), and each run is judged and answered as its own:
 /// one whose claim is not this host's any more is refused in the middle of the others,
@@ -382,7 +361,7 @@ async fn runs_of_many_shards_finish_in_one_call_each_answered_as_its_own() {
         assert!(started
             .iter()
             .all(|s| matches!(s, StartOutcome::Run { attempts: 1 })));
-        runs.extend(plans.iter().map(done));
+        runs.extend(plans.iter().map(|p| done(p, 1)));
     }
     assert_eq!(runs.len(), 24);
     // Interleave the shards, as the finisher's batch comes, and spoil one run's claim.

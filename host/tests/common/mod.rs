@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use kairos::model::{Action, WebhookAction};
-use kairos::store::{OpenError, Store};
+use kairos::store::{Claimed, FinishedRun, OpenError, RunOutcome, RunRecord, Store};
 
 /// A redis-server of this test's own on a free port, removed on drop.
 pub struct Redis {
@@ -95,4 +95,25 @@ pub fn hook() -> Action {
         retry_interval_ms: 1000,
         callbacks: Default::default(),
     })
+}
+
+/// A run of `plan` that succeeded (200) at its `attempt`.
+pub fn done(plan: &Claimed, attempt: u32) -> FinishedRun {
+    FinishedRun {
+        plan: plan.clone(),
+        outcome: RunOutcome::Done,
+        record: RunRecord {
+            should_run_at_ms: plan.fire_at_ms,
+            started_at_ms: now_ms(),
+            duration_ms: 5,
+            outcome: "success",
+            status: Some(200),
+            error: None,
+            attempt,
+            output: None,
+            logs: Vec::new(),
+            retry_after_ms: None,
+        },
+        callback: None,
+    }
 }
