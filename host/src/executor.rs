@@ -697,13 +697,14 @@ impl Engine {
     pub(crate) async fn finisher(self: Arc<Self>, mut finished: mpsc::UnboundedReceiver<Finished>) {
         let mut lanes: HashMap<u32, mpsc::UnboundedSender<Finished>> = HashMap::new();
         let mut lane_tasks = tokio::task::JoinSet::new();
-        let lane_of = self.finish_lane_of();
         while let Some(run) = finished.recv().await {
-            let lane = lanes.entry(lane_of(run.run.plan.shard)).or_insert_with(|| {
-                let (tx, rx) = mpsc::unbounded_channel();
-                lane_tasks.spawn(self.clone().finish_lane(rx));
-                tx
-            });
+            let lane = lanes
+                .entry(self.finish_lane_of(run.run.plan.shard))
+                .or_insert_with(|| {
+                    let (tx, rx) = mpsc::unbounded_channel();
+                    lane_tasks.spawn(self.clone().finish_lane(rx));
+                    tx
+                });
             let _ = lane.send(run);
         }
         drop(lanes);
@@ -735,7 +736,6 @@ impl Engine {
         // One finish call per shard and kind (a script touches one shard); on a
         // standalone Redis one call for every shard's Lives (`finish_life` takes them in
         // sections).
-        let lane = self.finish_lane_of();
         let mut lives: BTreeMap<u32, Vec<FinishedRun>> = BTreeMap::new();
         let mut tasks: BTreeMap<u32, Vec<FinishedRun>> = BTreeMap::new();
         let mut timers = Vec::new();
@@ -747,7 +747,7 @@ impl Engine {
                     .push(f.run.clone()),
                 Some(Owner::Timer(_)) => timers.push(f.run.clone()),
                 _ => lives
-                    .entry(lane(f.run.plan.shard))
+                    .entry(self.finish_lane_of(f.run.plan.shard))
                     .or_default()
                     .push(f.run.clone()),
             }
@@ -802,9 +802,12 @@ impl Engine {
     /// holds up no other), one for all on a standalone Redis, which holds every shard
     /// (each shard's own calls carried a few runs each, and a call costs Redis more
     /// than its runs' share of the work).
-    fn finish_lane_of(&self) -> impl Fn(u32) -> u32 {
-        let cluster = self.store.is_cluster();
-        move |shard| if cluster { shard } else { 0 }
+    fn finish_lane_of(&self, shard: u32) -> u32 {
+        if self.store.is_cluster() {
+            shard
+        } else {
+            0
+        }
     }
 
     async fn record_lives(&self, mut runs: Vec<FinishedRun>) {

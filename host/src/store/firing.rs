@@ -433,100 +433,98 @@ impl Store {
         fresh: Option<&(String, LifeRecord)>,
         now_ms: i64,
     ) {
-        {
-            let (uuid, kind) = run
-                .plan
-                .life_and_kind()
-                .unwrap_or(("", crate::model::PlanKind::Birth));
-            let (expect, base) = match fresh {
-                Some((text, record)) => (text.as_str(), record.clone()),
-                None => (
-                    "",
-                    run.plan
-                        .record
-                        .as_deref()
-                        .cloned()
-                        .expect("a Life's Plan is claimed with its record"),
-                ),
-            };
-            let r = &run.record;
-            let entry = RunEntry {
-                plan: if kind == crate::model::PlanKind::Death {
-                    "d"
-                } else {
-                    "b"
-                }
-                .into(),
-                attempt: r.attempt,
-                should_run_at_ms: r.should_run_at_ms,
-                started_at_ms: r.started_at_ms,
-                duration_ms: r.duration_ms as i64,
-                host: host.to_string(),
-                outcome: r.outcome.to_string(),
-                status: r.status.map(i64::from),
-                error: r.error.clone(),
-                output: r.output.clone(),
-                logs: r.logs.clone(),
-                retry_after_ms: r.retry_after_ms.map(|ms| ms as i64),
-            };
-            let ended = match run.outcome {
-                RunOutcome::Done => Ended::Done,
-                RunOutcome::Retry { next_ms } => Ended::Retry { next_ms },
-                RunOutcome::Failed => Ended::Failed,
-                RunOutcome::Invalidated => Ended::Invalidated,
-            };
-            let change = lifecycle::after_run(
-                &base,
-                uuid,
-                kind,
-                ended,
-                entry,
-                format!("{host}#{}", run.plan.claim),
-                now_ms,
-            );
-            let (from, to) = change
-                .census
-                .map(|(f, t)| (f.as_str(), t.as_str()))
-                .unwrap_or(("", ""));
-            let (due_plan, due_ms) = change
-                .due
-                .clone()
-                .map(|(p, ms)| (p, ms.to_string()))
-                .unwrap_or_default();
-            let callback = match (&run.outcome, &run.callback) {
-                (RunOutcome::Retry { .. }, _) | (_, None) => None,
-                (_, Some(c)) => c
-                    .record(&run.plan.plan_id, now_ms)
-                    .map(|(rec, plugins)| (c.life_uuid.clone(), rec.to_json(), plugins.join(" "))),
-            };
-            let (cb_uuid, cb_record, cb_plugins) = callback.unwrap_or_default();
-            let stream = if self.runs_max_len > 0 {
-                run_record_json(host, kind.as_str(), r).to_string()
+        let (uuid, kind) = run
+            .plan
+            .life_and_kind()
+            .unwrap_or(("", crate::model::PlanKind::Birth));
+        let (expect, base) = match fresh {
+            Some((text, record)) => (text.as_str(), record.clone()),
+            None => (
+                "",
+                run.plan
+                    .record
+                    .as_deref()
+                    .cloned()
+                    .expect("a Life's Plan is claimed with its record"),
+            ),
+        };
+        let r = &run.record;
+        let entry = RunEntry {
+            plan: if kind == crate::model::PlanKind::Death {
+                "d"
             } else {
-                String::new()
-            };
-            invocation
-                .arg(&run.plan.plan_id)
-                .arg(&run.plan.claim)
-                .arg(expect)
-                .arg(change.record.to_json())
-                .arg(from)
-                .arg(to)
-                .arg(due_plan)
-                .arg(due_ms)
-                .arg(change.order_leave.join(" "))
-                .arg(change.record.resource_id.as_deref().unwrap_or(""))
-                .arg(match (change.finished, Outcome::of(&change.record)) {
-                    (true, Some((o, _))) if o.is_failure() => "F",
-                    (true, _) => "1",
-                    _ => "0",
-                })
-                .arg(cb_uuid)
-                .arg(cb_record)
-                .arg(cb_plugins)
-                .arg(stream)
-                .arg(r.outcome);
-        }
+                "b"
+            }
+            .into(),
+            attempt: r.attempt,
+            should_run_at_ms: r.should_run_at_ms,
+            started_at_ms: r.started_at_ms,
+            duration_ms: r.duration_ms as i64,
+            host: host.to_string(),
+            outcome: r.outcome.to_string(),
+            status: r.status.map(i64::from),
+            error: r.error.clone(),
+            output: r.output.clone(),
+            logs: r.logs.clone(),
+            retry_after_ms: r.retry_after_ms.map(|ms| ms as i64),
+        };
+        let ended = match run.outcome {
+            RunOutcome::Done => Ended::Done,
+            RunOutcome::Retry { next_ms } => Ended::Retry { next_ms },
+            RunOutcome::Failed => Ended::Failed,
+            RunOutcome::Invalidated => Ended::Invalidated,
+        };
+        let change = lifecycle::after_run(
+            &base,
+            uuid,
+            kind,
+            ended,
+            entry,
+            format!("{host}#{}", run.plan.claim),
+            now_ms,
+        );
+        let (from, to) = change
+            .census
+            .map(|(f, t)| (f.as_str(), t.as_str()))
+            .unwrap_or(("", ""));
+        let (due_plan, due_ms) = change
+            .due
+            .clone()
+            .map(|(p, ms)| (p, ms.to_string()))
+            .unwrap_or_default();
+        let callback = match (&run.outcome, &run.callback) {
+            (RunOutcome::Retry { .. }, _) | (_, None) => None,
+            (_, Some(c)) => c
+                .record(&run.plan.plan_id, now_ms)
+                .map(|(rec, plugins)| (c.life_uuid.clone(), rec.to_json(), plugins.join(" "))),
+        };
+        let (cb_uuid, cb_record, cb_plugins) = callback.unwrap_or_default();
+        let stream = if self.runs_max_len > 0 {
+            run_record_json(host, kind.as_str(), r).to_string()
+        } else {
+            String::new()
+        };
+        invocation
+            .arg(&run.plan.plan_id)
+            .arg(&run.plan.claim)
+            .arg(expect)
+            .arg(change.record.to_json())
+            .arg(from)
+            .arg(to)
+            .arg(due_plan)
+            .arg(due_ms)
+            .arg(change.order_leave.join(" "))
+            .arg(change.record.resource_id.as_deref().unwrap_or(""))
+            .arg(match (change.finished, Outcome::of(&change.record)) {
+                (true, Some((o, _))) if o.is_failure() => "F",
+                (true, _) => "1",
+                _ => "0",
+            })
+            .arg(cb_uuid)
+            .arg(cb_record)
+            .arg(cb_plugins)
+            .arg(stream)
+            .arg(r.outcome);
     }
 }
 /// A run as written to history: the same JSON for Lives, timers and tasks.

@@ -298,7 +298,7 @@ impl Store {
         filter: &ListFilter,
         take: usize,
     ) -> Result<Merged, ApiError> {
-        let (from, to) = self.range_args(pos, filter);
+        let (from, to) = range_args(pos, filter);
         let mut invocation = self.scripts.lives_merge.prepare_invoke();
         for &shard in shards {
             invocation.key(self.shard(shard).lives());
@@ -337,25 +337,6 @@ impl Store {
         Ok((members, lives, complete))
     }
 
-    /// The range a pass reads past `pos`: from (ms) and to (ms or `+inf`), as
-    /// `lives_page.lua` and `lives_merge.lua` take them (going down, from is the lower
-    /// end and to the position).
-    fn range_args(&self, pos: &Position, filter: &ListFilter) -> (i64, String) {
-        if filter.descending {
-            let top = if pos.0 == i64::MAX {
-                "+inf".to_string()
-            } else {
-                pos.0.to_string()
-            };
-            (filter.from_ms.unwrap_or(0).max(0), top)
-        } else {
-            let to = filter
-                .to_ms
-                .map_or_else(|| "+inf".to_string(), |t| t.to_string());
-            (pos.0, to)
-        }
-    }
-
     /// The next Lives past `pos` in the listing's order (exclusive; an empty id: every
     /// Life at its time) within the filter's times, from every shard's `lives` tree of a
     /// Redis Cluster, merged on the host, and whether that was all.
@@ -367,7 +348,7 @@ impl Store {
         per_shard: usize,
     ) -> Result<(Vec<(u32, i64, String)>, bool), ApiError> {
         let desc = filter.descending;
-        let (from, to) = self.range_args(pos, filter);
+        let (from, to) = range_args(pos, filter);
         let order = if desc { "desc" } else { "asc" };
         let members = |items: Vec<(String, i64)>| -> Vec<Position> {
             items.into_iter().map(|(id, ms)| (ms, id)).collect()
@@ -542,6 +523,25 @@ impl Store {
             next_cursor,
             total,
         })
+    }
+}
+
+/// The range a pass reads past `pos`: from (ms) and to (ms or `+inf`), as
+/// `lives_page.lua` and `lives_merge.lua` take them (going down, from is the lower
+/// end and to the position).
+fn range_args(pos: &Position, filter: &ListFilter) -> (i64, String) {
+    if filter.descending {
+        let top = if pos.0 == i64::MAX {
+            "+inf".to_string()
+        } else {
+            pos.0.to_string()
+        };
+        (filter.from_ms.unwrap_or(0).max(0), top)
+    } else {
+        let to = filter
+            .to_ms
+            .map_or_else(|| "+inf".to_string(), |t| t.to_string());
+        (pos.0, to)
     }
 }
 

@@ -294,8 +294,8 @@ impl Store {
             return Ok(IdemBooked::TwoSteps);
         }
         self.memory.check_room(shard)?;
-        let record = self.shard(shard).idempotency(key);
         let k = self.shard(shard);
+        let record = k.idempotency(key);
         let rid = life.resource_id.as_deref().unwrap_or("");
         let mut invocation = self.scripts.book_idem.prepare_invoke();
         // Keys declared for a Redis Cluster's routing: the script builds them from the

@@ -807,11 +807,11 @@ end
 -- `uuid` due at once in this shard (the host drew the id to have this shard as its home,
 -- and built its record). Nothing when the Life exists (a finish written twice).
 -- PLUGINS: the plugin names its action uses, separated by spaces.
-local function book_callback(due, lives, uuid, record, plugins, now_ms, notify_before_ms)
+local function book_callback(uuid, record, plugins, now_ms, notify_before_ms)
   if uuid == '' or not put_new_record(uuid, record) then return end
   census(nil, 'Inexistent')
-  tree_add(due, now_ms, uuid .. ':birth')
-  tree_add(lives, now_ms, uuid)
+  tree_add(PREFIX .. 'due', now_ms, uuid .. ':birth')
+  tree_add(PREFIX .. 'lives', now_ms, uuid)
   for name in string.gmatch(plugins, '%S+') do
     redis.call('SADD', PREFIX .. 'plugin-lives:' .. name, uuid)
   end
@@ -829,8 +829,7 @@ local function book_callback_record(uuid, record, now_ms, notify_before_ms)
       plugins = string.match(a.plugin, '^[^@]+')
     end
   end
-  book_callback(PREFIX .. 'due', PREFIX .. 'lives', uuid, record, plugins, now_ms,
-    notify_before_ms)
+  book_callback(uuid, record, plugins, now_ms, notify_before_ms)
 end
 
 -- Members of TREE scored up to MAX.

@@ -87,8 +87,7 @@ local function finish_section(a, n)
         failed[#failed + 1] = uuid
       end
       if ARGV[b + 11] ~= '' then
-        book_callback(due, PREFIX .. 'lives', ARGV[b + 11], ARGV[b + 12], ARGV[b + 13], now_ms,
-          notify_before)
+        book_callback(ARGV[b + 11], ARGV[b + 12], ARGV[b + 13], now_ms, notify_before)
       end
       if ARGV[b + 14] ~= '' then
         add_run(PREFIX .. 'runs', ARGV[5], 'life', uuid, 'plan', string.sub(plan_id, -5),

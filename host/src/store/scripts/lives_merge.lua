@@ -14,9 +14,8 @@ local take = tonumber(ARGV[5])
 local desc = ARGV[6] == 'desc'
 local FIRST_READ = 4
 
--- Each shard's members read and not yet taken (`items`, {member, score, ...}, from
--- `at`), how many its last read asked for, and where it goes on from.
-local shards = {}
+-- Reads the next members of shard S: `items` ({member, score, ...}, taken from `at`),
+-- whether it may have more, how many its next read asks for, and where it goes on from.
 local function read(s)
   local want = s.want
   if desc then
@@ -75,7 +74,6 @@ local start = desc and ARGV[4] or ARGV[2]
 for i = 1, #KEYS do
   local s = {tree = KEYS[i], prefix = string.sub(KEYS[i], 1, -6), index = i, score = start,
     member = ARGV[3], want = FIRST_READ}
-  shards[i] = s
   if take > 0 then
     read(s)
     if #s.items > 0 then
