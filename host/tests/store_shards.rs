@@ -384,3 +384,49 @@ async fn runs_of_many_shards_finish_in_one_call_each_answered_as_its_own() {
     let stats = store.cluster_stats(now_ms()).await.unwrap();
     assert_eq!(stats.lives, [1, 0, 23, 0, 0]);
 }
+
+/// Redis lost its scripts (a restart does that; here `SCRIPT FLUSH`) while bookings were
+/// coming: the calls under way all find `book` missing, and each must still be judged
+/// in the order the bookings came (`POST /schedules/batch` answers its items so). Here
+/// every booking of a round overlaps the first on one resource, sent one after another
+/// while the calls before them are under way, so the first alone may stand.
+#[tokio::test]
+async fn bookings_keep_their_order_when_redis_lost_its_scripts() {
+    let redis = Redis::start();
+    let store = std::sync::Arc::new(redis.store().await);
+    let mut conn = redis.conn().await;
+    let at = now_ms() + LATER;
+    for round in 0..30 {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        let rid = format!("room-{round}");
+        let mut calls = Vec::new();
+        for i in 0..40 {
+            let id = kairos::bookings::request::new_life_uuid_for(store.placement(), Some(&rid));
+            let l = life(&id, Some(&rid), at + i);
+            let store = store.clone();
+            // Spawned in order and first polled in that order (one thread), so each
+            // booking reaches the store's batcher after the one before it.
+            calls.push(tokio::spawn(async move { book(&store, &l).await }));
+            if i % 3 == 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+        let mut answers = Vec::new();
+        for call in calls {
+            answers.push(call.await.unwrap());
+        }
+        assert_eq!(
+            answers[0],
+            Ok(()),
+            "round {round}: the first booking was overtaken: {answers:?}"
+        );
+        assert!(
+            answers[1..].iter().all(|a| *a == Err(409)),
+            "round {round}: a later booking overtook the first: {answers:?}"
+        );
+    }
+}

@@ -14,6 +14,17 @@
 //! [`Booker`] serves the store. On a Redis Cluster each shard has its own, whose calls
 //! take that shard's bookings only, as every script does: a master that stalls holds
 //! back only its own shards' bookings, as with the connection per slot (store/conn.rs).
+//!
+//! **Order when Redis lost its scripts.** After a restart (or a `SCRIPT FLUSH`) every call
+//! under way finds `book` missing. A call that loaded it and tried again on its own could
+//! be overtaken by a later call sent after the load, and the retries of several calls
+//! could reach Redis in any order. So a call that finds the script missing gives its
+//! bookings back ([`Sent::Missing`]); the batcher sends nothing new until every call under
+//! way has answered, loads the script, and sends the calls that found it missing again,
+//! one after another in the order they were first sent. One Redis runs one connection's
+//! commands in order, so the calls sent after a missing one found it missing too, unless
+//! another client loaded it in between (another host, after the same restart): then a
+//! later call may still go first, a window of a round trip.
 
 use std::sync::Arc;
 
@@ -75,12 +86,23 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Job>, conn: Conn, script: Arc<Scrip
     // and so sent, after every call pushed before it, so that bookings reach Redis in
     // the order they came (`POST /schedules/batch` answers its items in order).
     let mut calls = FuturesUnordered::new();
+    // The calls that found the script missing, by the order they were sent in.
+    let mut missing: Vec<(u64, Vec<Job>)> = Vec::new();
+    let mut sent: u64 = 0;
     loop {
+        if calls.is_empty() && !missing.is_empty() {
+            resend_in_order(&conn, &script, &mut missing).await;
+        }
         tokio::select! {
             biased;
-            Some(()) = calls.next(), if !calls.is_empty() => {}
-            // While IN_FLIGHT calls are under way, the bookings that come gather here.
-            first = rx.recv(), if calls.len() < IN_FLIGHT => {
+            Some(reply) = calls.next(), if !calls.is_empty() => {
+                if let Sent::Missing(n, jobs) = reply {
+                    missing.push((n, jobs));
+                }
+            }
+            // While IN_FLIGHT calls are under way, the bookings that come gather here;
+            // while a call waits to be sent again, nothing new goes before it.
+            first = rx.recv(), if calls.len() < IN_FLIGHT && missing.is_empty() => {
                 let Some(first) = first else { break };
                 let mut jobs = vec![first];
                 while jobs.len() < MAX_BATCH {
@@ -89,23 +111,75 @@ async fn run(mut rx: mpsc::UnboundedReceiver<Job>, conn: Conn, script: Arc<Scrip
                         Err(_) => break,
                     }
                 }
-                calls.push(call(conn.clone(), script.clone(), jobs));
+                sent += 1;
+                calls.push(call(conn.clone(), script.clone(), sent, jobs));
             }
         }
     }
-    while calls.next().await.is_some() {}
+    while let Some(reply) = calls.next().await {
+        if let Sent::Missing(n, jobs) = reply {
+            missing.push((n, jobs));
+        }
+    }
+    resend_in_order(&conn, &script, &mut missing).await;
 }
 
-/// One call of `book.lua` for `jobs`, each answered with its own reply.
-async fn call(mut conn: Conn, script: Arc<Script>, jobs: Vec<Job>) {
+/// What became of a call: answered, or given back (its number and bookings) because
+/// Redis did not have the script.
+enum Sent {
+    Answered,
+    Missing(u64, Vec<Job>),
+}
+
+/// Sends the calls that found the script missing again, one at a time in the order they
+/// were first sent, loading the script first (`invoke_async` loads it when missing).
+async fn resend_in_order(conn: &Conn, script: &Script, missing: &mut Vec<(u64, Vec<Job>)>) {
+    missing.sort_by_key(|(n, _)| *n);
+    for (_, jobs) in missing.drain(..) {
+        let mut conn = conn.clone();
+        let reply = invocation(script, &jobs).invoke_async(&mut conn).await;
+        answer(jobs, reply);
+    }
+}
+
+fn invocation<'a>(script: &'a Script, jobs: &[Job]) -> redis::ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     invocation.key(&jobs[0].booking.due_key).arg("");
-    for job in &jobs {
+    for job in jobs {
         for arg in &job.booking.args {
             invocation.arg(arg);
         }
     }
-    match invocation.invoke_async::<Vec<String>>(&mut conn).await {
+    invocation
+}
+
+/// One call of `book.lua` for `jobs` (the `n`th the batcher sent), each answered with its
+/// own reply; given back when Redis does not have the script (`EVALSHA` alone, never
+/// loading it here: see the module's note on order).
+async fn call(mut conn: Conn, script: Arc<Script>, n: u64, jobs: Vec<Job>) -> Sent {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash())
+        .arg(1)
+        .arg(&jobs[0].booking.due_key)
+        .arg("");
+    for job in &jobs {
+        for arg in &job.booking.args {
+            cmd.arg(arg);
+        }
+    }
+    let reply = cmd.query_async::<Vec<String>>(&mut conn).await;
+    if let Err(e) = &reply {
+        if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
+            return Sent::Missing(n, jobs);
+        }
+    }
+    answer(jobs, reply);
+    Sent::Answered
+}
+
+/// Answers each booking of a call with its own part of the reply.
+fn answer(jobs: Vec<Job>, reply: Result<Vec<String>, RedisError>) {
+    match reply {
         Ok(reply) if reply.len() == 2 * jobs.len() => {
             let mut reply = reply.into_iter();
             for job in jobs {
