@@ -220,6 +220,53 @@ async fn finishes_retried_after_a_lost_reply_record_each_run_once() {
     assert_eq!(record(&redis, &store, "p2").await.0.state, "Dead");
 }
 
+/// A Life whose record was deleted by hand while its Plan ran: the finish does not write
+/// the record back (it writes without reading first, and takes back a write that found
+/// no record), answers the run lost, and lets the claim go; the other run of the same
+/// call is recorded.
+#[tokio::test]
+async fn a_finish_does_not_bring_back_a_life_deleted_while_it_ran() {
+    let redis = Redis::start();
+    let store = redis.store().await;
+    let mut conn = redis.conn().await;
+    let gen = own(&store, "h1").await;
+    book(&store, &point("gone", now_ms() + 500)).await;
+    book(&store, &point("kept", now_ms() + 500)).await;
+    let claimed = claim(&store, "h1", gen).await;
+    let (gone, kept) = (of(&claimed, "gone:birth"), of(&claimed, "kept:birth"));
+    assert_eq!(start(&store, "h1", gen, &[gone, kept]).await.len(), 2);
+    let k = store.shard(0);
+    let n: Option<u64> = conn.get(k.record_count()).await.unwrap();
+    let bucket = k.records(inspect::bucket_index(
+        inspect::id_hash("gone"),
+        n.unwrap_or(1),
+    ));
+    let deleted: i64 = conn.hdel(&bucket, "gone").await.unwrap();
+    assert_eq!(deleted, 1, "the record was where inspect says");
+
+    let held = store
+        .finish_lives(
+            "h1",
+            &[done(gone, 1), done(kept, 1)],
+            now_ms(),
+            now_ms() + FAR,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        held,
+        [false, true],
+        "the deleted Life's run is lost, the other's recorded"
+    );
+    assert!(
+        inspect::life(&mut conn, k, "gone").await.unwrap().is_none(),
+        "no record came back"
+    );
+    let claims: Vec<String> = conn.hkeys(key(&store, "inflight")).await.unwrap();
+    assert!(claims.is_empty(), "both claims are let go: {claims:?}");
+    assert_eq!(record(&redis, &store, "kept").await.0.state, "Dead");
+}
+
 #[tokio::test]
 async fn a_timer_finish_retried_logs_the_run_once_and_a_deactivated_timer_stops_retrying() {
     let redis = Redis::start();

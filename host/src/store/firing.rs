@@ -210,8 +210,8 @@ impl Store {
         task_limit: usize,
     ) -> redis::RedisResult<ClaimReply> {
         let k = self.shard(shard);
-        type Row = (String, String, String, String, String, String, String);
-        let (word, rows, next_task): (String, Vec<Row>, String) = self
+        // A Life's Plan's row ends at its record: the rest is in it.
+        let (word, rows, next_task): (String, Vec<Vec<String>>, String) = self
             .scripts
             .claim
             .key(k.due())
@@ -237,7 +237,10 @@ impl Store {
         }
         let plans = rows
             .into_iter()
-            .filter_map(|(plan_id, fire, claim, payload, attempts, rid, opts)| {
+            .filter_map(|row| {
+                let mut row = row.into_iter();
+                let mut next = || row.next().unwrap_or_default();
+                let (plan_id, fire, claim, payload) = (next(), next(), next(), next());
                 let fire_at_ms = fire.parse::<f64>().map(|f| f as i64).unwrap_or(0);
                 let life_kind = match plan_id.rsplit_once(':') {
                     Some((_, "birth")) => Some(false),
@@ -269,6 +272,7 @@ impl Store {
                         record: Some(Arc::new(record)),
                     });
                 }
+                let (attempts, rid, opts) = (next(), next(), next());
                 Some(Claimed {
                     plan_id,
                     shard,

@@ -16,7 +16,7 @@
 -- ARGV: 1 prefix, 2 host, 3 gen, 4 until_ms, 5 limit, 6 tasks_until_ms, 7 task limit
 -- Returns {'ok', rows, next task ms ('' = none)} with rows of {plan_id, fire_at_ms,
 --   claim number, payload, attempts, resource_id, opts JSON}: for a Life's Plan the
---   payload is the Life's record (attempts, resource and opts empty: the record says),
+--   payload is the Life's record, and the row ends there (the record says the rest);
 --   for a timer or a task its action; or {'lost', {}, ''} / {'expired', {}, ''}. The next
 --   task is the first one left in due_tasks: the owner sleeps until it comes within
 --   TASKS_UNTIL's reach.
@@ -42,7 +42,7 @@ for i = 1, #lives, 2 do
     local claim = next_claim()
     inflight[#inflight + 1] = id
     inflight[#inflight + 1] = claim .. '|' .. fire_ms .. '|' .. host
-    out[#out + 1] = {id, fire_ms, claim, rec, '', '', ''}
+    out[#out + 1] = {id, fire_ms, claim, rec}
   end
 end
 if #inflight > 0 then redis.call('HSET', KEYS[7], unpack(inflight)) end
@@ -52,10 +52,8 @@ local function take(set, until_ms, n)
   if n <= 0 then return end
   local items = redis.call('ZRANGEBYSCORE', set, '-inf', until_ms, 'WITHSCORES', 'LIMIT', '0', int_arg(n))
   if #items == 0 then return end
-  local taken = {}
   for i = 1, #items, 2 do
     local id, fire_ms = items[i], items[i + 1]
-    taken[#taken + 1] = id
     local pk = plan_key(id)
     local f = redis.call('HMGET', pk, 'state', 'action', 'attempts', 'resource_id', 'opts')
     if f[1] == 'Standby' then
@@ -66,7 +64,8 @@ local function take(set, until_ms, n)
       out[#out + 1] = {id, fire_ms, claim, f[2], f[3] or '0', f[4] or '', f[5] or ''}
     end
   end
-  redis.call('ZREM', set, unpack(taken))
+  -- The set's first members by rank, as read.
+  redis.call('ZREMRANGEBYRANK', set, '0', int_arg(#items / 2 - 1))
 end
 take(KEYS[6], ARGV[4], limit - #out)
 take(KEYS[4], ARGV[6], math.min(limit - #out, tonumber(ARGV[7])))

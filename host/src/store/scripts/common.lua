@@ -642,13 +642,10 @@ local function tree_take(tree, max, limit)
     local items = redis.call('ZRANGEBYSCORE', leaf, '-inf', max, 'WITHSCORES',
       'LIMIT', '0', int_arg(limit - #out / 2))
     if #items > 0 then
-      local members = {}
-      for j = 1, #items, 2 do
-        out[#out + 1] = items[j]
-        out[#out + 1] = items[j + 1]
-        members[#members + 1] = items[j]
-      end
-      redis.call('ZREM', leaf, unpack(members))
+      for j = 1, #items do out[#out + 1] = items[j] end
+      -- What was read is the leaf's first members by rank: dropped by rank, without
+      -- sending their names back (a ZREM looks each one up in the leaf).
+      redis.call('ZREMRANGEBYRANK', leaf, '0', int_arg(#items / 2 - 1))
       tree_prune(tree, leaf, entry)
     end
     if #out / 2 >= limit then return out end

@@ -27,6 +27,8 @@
 --   host's run any more)
 local K = 16
 local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
+-- A finished Life's `finished` entry is this and its id.
+local finished_at = finished_entry(now_ms, '')
 local out = {}
 
 -- The section of N runs whose arguments begin at ARGV[A], in the current shard.
@@ -42,57 +44,75 @@ local function finish_section(a, n)
   local inflight = redis.call('HMGET', inflight_key, unpack(plans))
   local touched = redis.call('SMISMEMBER', PREFIX .. 'touched', unpack(uuids))
   local done, finished, failed = {}, {}, {}
+  -- What a run changes besides its record (which is written already), in its shard.
+  local function record_run(b, plan_id, uuid, was_touched)
+    if was_touched then redis.call('SREM', PREFIX .. 'touched', uuid) end
+    done[#done + 1] = plan_id
+    local from, to = ARGV[b + 4], ARGV[b + 5]
+    if from ~= '' or to ~= '' then census(from ~= '' and from or nil, to ~= '' and to or nil) end
+    if ARGV[b + 6] ~= '' then
+      tree_add(due, ARGV[b + 7], ARGV[b + 6])
+      notify_if_soon(ARGV[b + 7], notify_before)
+    end
+    if ARGV[b + 8] ~= '' then
+      local ids = {}
+      for id in string.gmatch(ARGV[b + 8], '%S+') do ids[#ids + 1] = id end
+      redis.call('ZREM', order_key(ARGV[b + 9]), unpack(ids))
+    end
+    local fin = ARGV[b + 10]
+    if fin == '1' or fin == 'F' then finished[#finished + 1] = finished_at .. uuid end
+    if fin == 'F' then
+      failed[#failed + 1] = now_ms
+      failed[#failed + 1] = uuid
+    end
+    if ARGV[b + 11] ~= '' then
+      book_callback(ARGV[b + 11], ARGV[b + 12], ARGV[b + 13], now_ms, notify_before)
+    end
+    if ARGV[b + 14] ~= '' then
+      add_run(PREFIX .. 'runs', ARGV[5], 'life', uuid, 'plan', string.sub(plan_id, -5),
+        'outcome', ARGV[b + 15], 'record', ARGV[b + 14])
+    end
+  end
   for i = 0, n - 1 do
     local b = a + i * K
     local plan_id, claim, expect, rec = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-    local uuid = uuids[i + 1]
+    local uuid, was_touched = uuids[i + 1], touched[i + 1] == 1
     local f_claim, f_host = inflight_owner(inflight[i + 1])
     local key = record_key(uuid)
-    local cur = redis.call('HGET', key, uuid)
     local verdict
     -- A Plan still Preset under this claim is a birth start_run found too late ('late'):
     -- its host records it Invalidated here.
     if f_claim ~= claim or f_host ~= host then
+      local cur = redis.call('HGET', key, uuid)
       if cur and string.find(cur, '"db":"' .. host .. '#' .. claim .. '"', 1, true) then
         verdict = 'ok'
       else
         verdict = 'lost'
       end
-    elseif not cur then
-      -- The Life is gone (deleted by hand, or swept after this host lost the Plan): its
-      -- claim goes, nothing comes back.
+    elseif expect ~= '' or was_touched then
+      -- The Life changed while the run went on, or the host built the record against
+      -- the one it read after such a change: the record as it is now decides.
+      local cur = redis.call('HGET', key, uuid)
+      if not cur then
+        done[#done + 1] = plan_id
+        verdict = 'lost'
+      elseif expect == '' or cur ~= expect then
+        verdict = 'stale'
+      else
+        redis.call('HSET', key, uuid, rec)
+        record_run(b, plan_id, uuid, was_touched)
+        verdict = 'ok'
+      end
+    elseif redis.call('HSET', key, uuid, rec) == 1 then
+      -- Written in place of the record as claimed (nothing changed it: it is not in
+      -- `touched`), without reading it first: a field that was not there says the Life
+      -- is gone (deleted by hand, or swept after this host lost the Plan). The write is
+      -- taken back; its claim goes, nothing comes back.
+      redis.call('HDEL', key, uuid)
       done[#done + 1] = plan_id
       verdict = 'lost'
-    elseif (expect == '' and touched[i + 1] == 1) or (expect ~= '' and cur ~= expect) then
-      verdict = 'stale'
     else
-      redis.call('HSET', key, uuid, rec)
-      if touched[i + 1] == 1 then redis.call('SREM', PREFIX .. 'touched', uuid) end
-      done[#done + 1] = plan_id
-      local from, to = ARGV[b + 4], ARGV[b + 5]
-      if from ~= '' or to ~= '' then census(from ~= '' and from or nil, to ~= '' and to or nil) end
-      if ARGV[b + 6] ~= '' then
-        tree_add(due, ARGV[b + 7], ARGV[b + 6])
-        notify_if_soon(ARGV[b + 7], notify_before)
-      end
-      if ARGV[b + 8] ~= '' then
-        local ids = {}
-        for id in string.gmatch(ARGV[b + 8], '%S+') do ids[#ids + 1] = id end
-        redis.call('ZREM', order_key(ARGV[b + 9]), unpack(ids))
-      end
-      local fin = ARGV[b + 10]
-      if fin == '1' or fin == 'F' then finished[#finished + 1] = finished_entry(now_ms, uuid) end
-      if fin == 'F' then
-        failed[#failed + 1] = now_ms
-        failed[#failed + 1] = uuid
-      end
-      if ARGV[b + 11] ~= '' then
-        book_callback(ARGV[b + 11], ARGV[b + 12], ARGV[b + 13], now_ms, notify_before)
-      end
-      if ARGV[b + 14] ~= '' then
-        add_run(PREFIX .. 'runs', ARGV[5], 'life', uuid, 'plan', string.sub(plan_id, -5),
-          'outcome', ARGV[b + 15], 'record', ARGV[b + 14])
-      end
+      record_run(b, plan_id, uuid, false)
       verdict = 'ok'
     end
     out[#out + 1] = verdict
