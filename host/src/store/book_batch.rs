@@ -132,42 +132,42 @@ enum Sent {
 }
 
 /// Sends the calls that found the script missing again, one at a time in the order they
-/// were first sent, loading the script first (`invoke_async` loads it when missing).
+/// were first sent, each after loading the script (Redis may lose it again meanwhile).
 async fn resend_in_order(conn: &Conn, script: &Script, missing: &mut Vec<(u64, Vec<Job>)>) {
     missing.sort_by_key(|(n, _)| *n);
     for (_, jobs) in missing.drain(..) {
         let mut conn = conn.clone();
-        let reply = invocation(script, &jobs).invoke_async(&mut conn).await;
+        let reply = match script.load_async(&mut conn).await {
+            Ok(_) => book_cmd(script, &jobs).query_async(&mut conn).await,
+            Err(e) => Err(e),
+        };
         answer(jobs, reply);
     }
 }
 
-fn invocation<'a>(script: &'a Script, jobs: &[Job]) -> redis::ScriptInvocation<'a> {
-    let mut invocation = script.prepare_invoke();
-    invocation.key(&jobs[0].booking.due_key).arg("");
-    for job in jobs {
-        for arg in &job.booking.args {
-            invocation.arg(arg);
-        }
-    }
-    invocation
-}
-
-/// One call of `book.lua` for `jobs` (the `n`th the batcher sent), each answered with its
-/// own reply; given back when Redis does not have the script (`EVALSHA` alone, never
-/// loading it here: see the module's note on order).
-async fn call(mut conn: Conn, script: Arc<Script>, n: u64, jobs: Vec<Job>) -> Sent {
+/// `EVALSHA` of `book.lua` for `jobs`: routed by the first booking's due tree, then each
+/// booking's arguments.
+fn book_cmd(script: &Script, jobs: &[Job]) -> redis::Cmd {
     let mut cmd = redis::cmd("EVALSHA");
     cmd.arg(script.get_hash())
         .arg(1)
         .arg(&jobs[0].booking.due_key)
         .arg("");
-    for job in &jobs {
+    for job in jobs {
         for arg in &job.booking.args {
             cmd.arg(arg);
         }
     }
-    let reply = cmd.query_async::<Vec<String>>(&mut conn).await;
+    cmd
+}
+
+/// One call of `book.lua` for `jobs` (the `n`th the batcher sent), each answered with its
+/// own reply; given back when Redis does not have the script (never loaded here: see the
+/// module's note on order).
+async fn call(mut conn: Conn, script: Arc<Script>, n: u64, jobs: Vec<Job>) -> Sent {
+    let reply = book_cmd(&script, &jobs)
+        .query_async::<Vec<String>>(&mut conn)
+        .await;
     if let Err(e) = &reply {
         if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) {
             return Sent::Missing(n, jobs);
