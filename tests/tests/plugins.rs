@@ -198,6 +198,16 @@ async fn hostile_plugins_fail_only_their_own_plan_and_the_host_serves_on() {
         "allowed_hosts=*&timeout=2s",
     )
     .await;
+    // The well-behaved neighbour: the same component under a name of its own, whose
+    // deadline is not the spinners' 300 ms (a fetch of the sink beside spinning guests
+    // took 319 ms on a slow 2-core VM); starved, it would still run past it.
+    upload_plugin(
+        &api,
+        "polite",
+        "hostile",
+        &format!("allowed_hosts=127.0.0.1:{port}&timeout=2s&memory_mb=32"),
+    )
+    .await;
 
     let at = now_ms() + 2_000;
     let own_api = host.url("/healthz");
@@ -248,7 +258,7 @@ async fn hostile_plugins_fail_only_their_own_plan_and_the_host_serves_on() {
         &plugin_point(
             fine,
             at,
-            "hostile",
+            "polite",
             json!({"mode": "fetch", "url": format!("{}/allowed", sink.base_url())}),
         ),
     )
@@ -1985,8 +1995,11 @@ async fn a_large_component_answers_at_once_and_compiles_in_the_background() {
         (202, Some("compiling"), Some(2)),
         "{second:#}"
     );
+    // Answered before the compile ended (`compiling` says so), and without waiting for
+    // it: the upload waits 1 s for a large component, the rest is sending 13 MB to a
+    // debug build (6 s on a slow 2-core VM, where the compile takes far longer).
     assert!(
-        answered < Duration::from_secs(5),
+        answered < Duration::from_secs(15),
         "answered after {answered:?}"
     );
     assert!(second.get("input_schema").is_none(), "{second:#}");
