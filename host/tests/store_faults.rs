@@ -10,7 +10,8 @@ use kairos::model::ScheduleType;
 use kairos::store::inspect;
 use kairos::store::record::{Inflight, LifeRecord};
 use kairos::store::{
-    ClaimReply, Claimed, NewTask, NewTaskWork, RunOutcome, StartOutcome, Store, Takeover,
+    ClaimReply, Claimed, IdOrigin, NewTask, NewTaskWork, RunOutcome, StartOutcome, Store,
+    Takeover,
     TimerFinish,
 };
 use redis::AsyncCommands;
@@ -50,7 +51,7 @@ fn defaults() -> String {
 
 async fn book(store: &Store, life: &NewLife) {
     store
-        .book(life, now_ms(), 1_000, now_ms() + FAR)
+        .book(life, IdOrigin::Given, now_ms(), 1_000, now_ms() + FAR)
         .await
         .unwrap();
 }
@@ -795,6 +796,7 @@ async fn a_redis_at_maxmemory_refuses_bookings_but_runs_under_way_finish() {
     let refused = store
         .book(
             &point("after", now_ms() + 200),
+            IdOrigin::Given,
             now_ms(),
             1_000,
             now_ms() + FAR,

@@ -5,7 +5,8 @@
 use kairos::model::NewLife;
 use kairos::model::ScheduleType;
 use kairos::store::{
-    CancelOutcome, ClaimReply, Claimed, ListFilter, OpenError, StartOutcome, Store, Takeover,
+    CancelOutcome, ClaimReply, Claimed, IdOrigin, ListFilter, OpenError, StartOutcome, Store,
+    Takeover,
 };
 use redis::AsyncCommands;
 
@@ -28,7 +29,7 @@ const LATER: i64 = 3_600_000;
 
 async fn book(store: &Store, l: &NewLife) -> Result<(), u16> {
     store
-        .book(l, now_ms(), 1_000, now_ms())
+        .book(l, IdOrigin::Given, now_ms(), 1_000, now_ms())
         .await
         .map_err(|e| e.status.as_u16())
 }
@@ -159,6 +160,75 @@ async fn an_id_is_taken_once_across_every_shard() {
     book(&store, &life(&free, None, now_ms() + LATER))
         .await
         .unwrap();
+}
+
+/// `cmdstat_get`'s calls since the last `CONFIG RESETSTAT`.
+async fn gets_since_reset(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("cmdstat_get:calls="))
+        .map(|rest| rest.split(',').next().unwrap().parse().unwrap())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_booking_looks_for_a_pointer_only_where_one_can_stand() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(8)).await.unwrap();
+    let p = store.placement();
+    let mut conn = redis.conn().await;
+    let reset = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            let _: () = redis::cmd("CONFIG")
+                .arg("RESETSTAT")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    let at = now_ms() + LATER;
+    // Every booking call reads its shard's count of record buckets (`rn`) with a GET.
+    // A named id in its home shard: a pointer there would say it is taken elsewhere.
+    reset(&mut conn).await;
+    store
+        .book(
+            &life("named", None, at),
+            IdOrigin::Given,
+            now_ms(),
+            1_000,
+            now_ms(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(gets_since_reset(&mut conn).await, 1 + 1);
+    // An id drawn for the booking: no other booking can have named it.
+    reset(&mut conn).await;
+    store
+        .book(
+            &life("drawn", None, at),
+            IdOrigin::Drawn,
+            now_ms(),
+            1_000,
+            now_ms(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(gets_since_reset(&mut conn).await, 1);
+    // A named id stored outside its home shard: pointers stand only in home shards. The
+    // pointer's own script, in the home shard, reads the pointer there and that shard's
+    // `rn` (two GETs) before it writes one.
+    let rid = resource_elsewhere(&store, "away");
+    assert_ne!(p.resource(&rid), p.home("away"));
+    reset(&mut conn).await;
+    book(&store, &life("away", Some(&rid), at)).await.unwrap();
+    assert_eq!(gets_since_reset(&mut conn).await, 2 + 1);
+    // And a named id is still refused where a pointer says it is taken.
+    assert_eq!(book(&store, &life("away", None, at)).await, Err(409));
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 
 use crate::bookings::request as booking;
 use crate::error::ApiError;
-use crate::store::{self};
+use crate::store::{self, IdOrigin};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
@@ -176,7 +176,7 @@ pub(crate) async fn defer_booking(
         });
         let life = booking::point_life(when, action, &app.rules(now_ms), key.as_deref())?;
         app.bookings
-            .store_keyed(&life, now_ms, key.as_deref())
+            .store_keyed(&life, IdOrigin::of_key(key.as_deref()), now_ms, key.as_deref())
             .await?;
         Ok((StatusCode::ACCEPTED, deferred_view(app, &life)))
     })
@@ -275,7 +275,7 @@ async fn defer_json_booking(
         let action = booking::parse_action("the request", action, &rules)?;
         let life = booking::point_life(at, action, &rules, key.as_deref())?;
         app.bookings
-            .store_keyed(&life, now_ms, key.as_deref())
+            .store_keyed(&life, IdOrigin::of_key(key.as_deref()), now_ms, key.as_deref())
             .await?;
         Ok((StatusCode::ACCEPTED, deferred_view(app, &life)))
     })

@@ -12,7 +12,7 @@ use crate::error::ApiError;
 use crate::model::NewLife;
 use crate::outbound::OutboundPolicy;
 use crate::plugins::Registry;
-use crate::store::{CancelOutcome, IdemBooked, Store};
+use crate::store::{CancelOutcome, IdOrigin, IdemBooked, Store};
 use request::{self as booking, BookingRequest, KnownPlugins, Rules};
 use serde_json::Value;
 
@@ -112,10 +112,11 @@ impl Bookings {
         let request = booking::parse_request(body)?;
         let known = self.registered_plugins(&request).await?;
         let now_ms = self.clock.now_ms();
+        let origin = request.id_origin(key);
         let (life, debounce) = request.into_booking(&self.rules(now_ms, &known), key)?;
         match debounce {
             None => {
-                self.store_keyed(&life, now_ms, key).await?;
+                self.store_keyed(&life, origin, now_ms, key).await?;
                 Ok(Booked {
                     life,
                     debounced: false,
@@ -226,10 +227,11 @@ impl Bookings {
     pub async fn store_keyed(
         &self,
         life: &NewLife,
+        origin: IdOrigin,
         now_ms: i64,
         key: Option<&str>,
     ) -> Result<(), ApiError> {
-        match self.store(life, now_ms).await {
+        match self.store(life, origin, now_ms).await {
             Err(e) if key.is_some() && e.code == "duplicate_life_uuid" => {
                 match self.store.load_booking(&life.life_uuid).await? {
                     Some((stored, _, _)) if &stored == life => Ok(()),
@@ -241,10 +243,16 @@ impl Bookings {
     }
 
     /// Stores a validated booking (the 409 checks run in the store's script).
-    pub async fn store(&self, life: &NewLife, now_ms: i64) -> Result<(), ApiError> {
+    pub async fn store(
+        &self,
+        life: &NewLife,
+        origin: IdOrigin,
+        now_ms: i64,
+    ) -> Result<(), ApiError> {
         self.store
             .book(
                 life,
+                origin,
                 now_ms,
                 self.config.execution_delay_guard_time.as_millis() as i64,
                 self.notify_before_ms(now_ms),

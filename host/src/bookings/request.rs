@@ -16,6 +16,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::model::{Action, Callbacks, NewLife, PluginAction, ScheduleType, WebhookAction};
+use crate::store::IdOrigin;
 pub use crate::plugins::registry::KnownPlugins;
 
 /// What validation needs from the host's configuration and the moment.
@@ -801,6 +802,15 @@ impl BookingRequest {
             period_ms,
             max_wait_ms,
         }))
+    }
+
+    /// Whether [`Self::into_booking`] draws the booking's id at random (no id in the body,
+    /// no key to derive it from) or takes one a caller named.
+    pub fn id_origin(&self, key: Option<&str>) -> IdOrigin {
+        match self.life_uuid {
+            Some(_) => IdOrigin::Given,
+            None => IdOrigin::of_key(key),
+        }
     }
 
     /// Validates a new booking (all checks of the table that need no Redis).

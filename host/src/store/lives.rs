@@ -43,19 +43,44 @@ pub(super) fn life_plugins(life: &NewLife) -> Vec<String> {
     plugin_names(&[Some(&life.birth_action), life.death_action.as_ref()])
 }
 
+/// Where a booking's id came from. A pointer to another shard (written when a Life with
+/// a resource is stored outside its id's home shard) can stand in the home shard only
+/// for an id some other booking named, so a booking whose id this host drew for it
+/// need not look for one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdOrigin {
+    /// Drawn at random by this host for this booking (no id in the body, no key).
+    Drawn,
+    /// Named by the client, or derived from an `Idempotency-Key`.
+    Given,
+}
+
+impl IdOrigin {
+    /// The origin of the id a booking that names none gets: derived from its
+    /// `Idempotency-Key` when it has one, else drawn.
+    pub fn of_key(key: Option<&str>) -> Self {
+        match key {
+            Some(_) => IdOrigin::Given,
+            None => IdOrigin::Drawn,
+        }
+    }
+}
+
 /// One booking's arguments, as `book.lua` takes each of its bookings and `book_idem.lua`
 /// its one (common.lua's `book_argv`): the shard's prefix, the id, the resource ('' for
 /// none), birth and death ms (death '' for a point), the record, the guard and the
-/// look-ahead's end (ms), then the count of plugins the actions use and their names.
+/// look-ahead's end (ms), whether to look for a pointer ('1' or ''), then the count of
+/// plugins the actions use and their names.
 fn book_args(
     prefix: &str,
     life: &NewLife,
+    look_for_pointer: bool,
     now_ms: i64,
     guard_ms: i64,
     notify_before_ms: i64,
 ) -> Vec<String> {
     let plugins = life_plugins(life);
-    let mut args = Vec::with_capacity(9 + plugins.len());
+    let mut args = Vec::with_capacity(10 + plugins.len());
     args.extend([
         prefix.to_string(),
         life.life_uuid.clone(),
@@ -65,6 +90,7 @@ fn book_args(
         lifecycle::booked(life, now_ms).to_json(),
         guard_ms.to_string(),
         notify_before_ms.to_string(),
+        if look_for_pointer { "1" } else { "" }.to_string(),
         plugins.len().to_string(),
     ]);
     args.extend(plugins);
@@ -96,6 +122,7 @@ impl Store {
     pub async fn book(
         &self,
         life: &NewLife,
+        origin: IdOrigin,
         now_ms: i64,
         guard_ms: i64,
         notify_before_ms: i64,
@@ -109,8 +136,11 @@ impl Store {
         } else {
             None
         };
+        // Pointers stand only in an id's home shard, and only for ids another booking
+        // named.
+        let look = shard == home && origin == IdOrigin::Given;
         let mut result = self
-            .book_in(shard, life, now_ms, guard_ms, notify_before_ms)
+            .book_in(shard, life, look, now_ms, guard_ms, notify_before_ms)
             .await;
         if let Err(Refusal::Pointer(value)) = &result {
             // Booked in its home shard, which points elsewhere: a Life there, a booking
@@ -118,7 +148,7 @@ impl Store {
             if self.pointer_is_stale(home, uuid, value, now_ms).await? {
                 self.unpoint(home, uuid, value).await?;
                 result = self
-                    .book_in(shard, life, now_ms, guard_ms, notify_before_ms)
+                    .book_in(shard, life, look, now_ms, guard_ms, notify_before_ms)
                     .await;
             }
         }
@@ -252,6 +282,7 @@ impl Store {
         &self,
         shard: u32,
         life: &NewLife,
+        look_for_pointer: bool,
         now_ms: i64,
         guard_ms: i64,
         notify_before_ms: i64,
@@ -259,7 +290,14 @@ impl Store {
         let k = self.shard(shard);
         let booking = Booking {
             due_key: k.due(),
-            args: book_args(&k.prefix, life, now_ms, guard_ms, notify_before_ms),
+            args: book_args(
+                &k.prefix,
+                life,
+                look_for_pointer,
+                now_ms,
+                guard_ms,
+                notify_before_ms,
+            ),
         };
         let (verdict, detail) = self
             .booker(shard)
@@ -308,7 +346,8 @@ impl Store {
         for name in life_plugins(life) {
             invocation.key(k.plugin_lives(&name));
         }
-        for arg in book_args(&k.prefix, life, now_ms, guard_ms, notify_before_ms) {
+        // The id was derived from the key: another call may have named it.
+        for arg in book_args(&k.prefix, life, true, now_ms, guard_ms, notify_before_ms) {
             invocation.arg(arg);
         }
         let reply: Vec<String> = invocation

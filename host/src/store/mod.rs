@@ -65,7 +65,7 @@ pub use idempotency::IdemBegin;
 pub use life_changes::{CancelOutcome, Loaded};
 pub use life_list::{ListFilter, Page};
 pub use life_views::booked_view;
-pub use lives::IdemBooked;
+pub use lives::{IdOrigin, IdemBooked};
 pub use memory::{Durability, MemoryState, RedisMemory, REFUSE_AT, SHED_AT};
 pub use ownership::{preferred_host, ShardOwner, Takeover};
 pub use queues::{LeasedTask, NewTask, NewTaskWork, QueueCounts, TaskAddRefusal, TaskPage};

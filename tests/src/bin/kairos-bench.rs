@@ -1500,7 +1500,7 @@ async fn finished_bytes(listpack_limit: &str, count: usize) -> f64 {
 async fn bench_scripts() {
     use kairos::model::{Action, NewLife, ScheduleType, WebhookAction};
     use kairos::store::{
-        ClaimReply, FinishedRun, RunOutcome, RunRecord, StartOutcome, Store, Takeover,
+        ClaimReply, FinishedRun, IdOrigin, RunOutcome, RunRecord, StartOutcome, Store, Takeover,
     };
 
     let count = 100_000usize;
@@ -1533,7 +1533,7 @@ async fn bench_scripts() {
         })
         .collect();
     for life in &lives {
-        store.book(life, booked_at, 0, 0).await.expect("book");
+        store.book(life, IdOrigin::Given, booked_at, 0, 0).await.expect("book");
     }
     let cpu = || redis_cpu_us(&redis);
     let mut rows = Vec::new();

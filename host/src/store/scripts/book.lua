@@ -7,7 +7,8 @@
 --       Redis Cluster every booking of a call is of that shard)
 -- ARGV: 1 '' (each booking brings its shard's prefix), then per booking: prefix, uuid,
 --       resource_id ('' = none), birth_ms, death_ms ('' for a point), record JSON,
---       guard_ms, notify_before_ms, the number of plugins its actions use, their names
+--       guard_ms, notify_before_ms, whether to look for a pointer ('1' or ''), the
+--       number of plugins its actions use, their names
 -- Returns per booking two values: book_life's answer and its detail ('' for none), or
 --   'error' and the message of the command that failed.
 -- The shebang (no flags) makes Redis refuse the whole call at its start when it is at

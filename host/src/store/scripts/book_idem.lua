@@ -9,7 +9,8 @@
 --       `plugin-lives:{name}` sets of the plugins the actions use from KEYS[5] (declared
 --       for a Redis Cluster's routing: book_life builds them from the prefix, as book.lua)
 -- ARGV: the booking as one of book.lua's (prefix, uuid, resource_id, birth_ms, death_ms,
---       record JSON, guard_ms, notify_before_ms, the count of plugins, their names), then
+--       record JSON, guard_ms, notify_before_ms, '1' (look for a pointer), the count of
+--       plugins, their names), then
 --       fingerprint, pending_ms, ttl_ms, status and body of the answer to record
 -- Returns book_life's answers, or {'reused'} | {'replay', status, body} |
 --   {'in_progress'} | {'stale'}

@@ -753,13 +753,15 @@ end
 -- bookings, and of book_idem.lua). The host built its record (store/record/). Every key
 -- is the shard's (PREFIX): its trees, the resource's index and order, the plugins' sets.
 -- UUID, RID ('' = none), BIRTH and DEATH (ms as text, DEATH '' for a point), REC (the
--- record), GUARD and NOTIFY_BEFORE (ms) and PLUGINS (the names the actions use) as
--- book_argv reads them. Times go to Redis as the text they came as: a Lua number would
+-- record), GUARD and NOTIFY_BEFORE (ms), PLUGINS (the names the actions use) and
+-- LOOK_FOR_POINTER ('1', or '' where no pointer can stand: outside the id's home shard,
+-- or an id the host drew for this booking) as book_argv reads them. Times go to Redis as the text they came as: a Lua number would
 -- be printed anew (`%.17g`) at every command.
 -- Returns {'ok'} | {'resource_conflict', other_uuid} | {'duplicate'} |
 --   {'pointer', value}: this is the id's home shard and it points to another shard
 --   (the Life is there, or was, or is being booked there)
-local function book_life(uuid, rid, birth, death, rec, guard, notify_before, plugins)
+local function book_life(uuid, rid, birth, death, rec, guard, notify_before, plugins,
+    look_for_pointer)
   local birth_ms, death_ms = tonumber(birth), tonumber(death)
   local res_key = PREFIX .. 'resource:' .. rid
   if rid ~= '' then
@@ -769,8 +771,10 @@ local function book_life(uuid, rid, birth, death, rec, guard, notify_before, plu
   end
   -- A pointer here says the Life is booked in another shard (or was being booked
   -- there): the host looks whether it is stale. Else a record here is a duplicate.
-  local pointer = redis.call('GET', PREFIX .. 'ptr:' .. uuid)
-  if pointer then return {'pointer', pointer} end
+  if look_for_pointer ~= '' then
+    local pointer = redis.call('GET', PREFIX .. 'ptr:' .. uuid)
+    if pointer then return {'pointer', pointer} end
+  end
   local check = booking_checks(uuid)
   if not put_new_record(uuid, rec, check) then return {'duplicate'} end
   if rid ~= '' then
@@ -789,15 +793,15 @@ local function book_life(uuid, rid, birth, death, rec, guard, notify_before, plu
 end
 
 -- Reads the booking whose arguments begin at ARGV[A] (store/lives.rs `book_args`: prefix,
--- uuid, resource_id, birth_ms, death_ms, record, guard_ms, notify_before_ms, the count
--- of plugins and their names) and enters its shard: book_life's arguments as a table,
--- and where the next arguments begin.
+-- uuid, resource_id, birth_ms, death_ms, record, guard_ms, notify_before_ms, whether to
+-- look for a pointer, the count of plugins and their names) and enters its shard:
+-- book_life's arguments as a table, and where the next arguments begin.
 local function book_argv(a)
   enter_shard(ARGV[a])
   local plugins = {}
-  for i = 1, tonumber(ARGV[a + 8]) do plugins[i] = ARGV[a + 8 + i] end
+  for i = 1, tonumber(ARGV[a + 9]) do plugins[i] = ARGV[a + 9 + i] end
   return {ARGV[a + 1], ARGV[a + 2], ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6],
-    ARGV[a + 7], plugins}, a + 9 + #plugins
+    ARGV[a + 7], plugins, ARGV[a + 8]}, a + 10 + #plugins
 end
 
 -- Books the callback of a Plan that finished for good (model::Callbacks): a point Life
