@@ -19,7 +19,6 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
 use axum::Router;
 use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
@@ -86,32 +85,27 @@ pub async fn serve(
     }
 }
 
-/// Middleware: 413 for a `Content-Length` above `limit` (before reading the body), and a
-/// deadline of [`BODY_READ_TIMEOUT`] on reading the body.
-pub async fn limit_bodies(
-    limit: usize,
-    request: Request,
-    next: axum::middleware::Next,
-) -> Response {
+/// 413 for a `Content-Length` above `limit` (before reading the body); else the request,
+/// its body given a deadline of [`BODY_READ_TIMEOUT`].
+pub fn limit_body(limit: usize, request: Request) -> Result<Request, ApiError> {
     let promised = request
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if promised.is_some_and(|n| n > limit as u64) {
-        return ApiError::new(
+        return Err(ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "body_too_large",
             format!("the body is larger than the limit of {limit} bytes"),
-        )
-        .into_response();
+        ));
     }
     let (parts, body) = request.into_parts();
     let body = Body::new(Deadline {
         inner: body,
         sleep: Box::pin(tokio::time::sleep(BODY_READ_TIMEOUT)),
     });
-    next.run(Request::from_parts(parts, body)).await
+    Ok(Request::from_parts(parts, body))
 }
 
 /// A body that fails if it is not read to its end before its deadline.

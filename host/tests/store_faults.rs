@@ -10,8 +10,7 @@ use kairos::model::ScheduleType;
 use kairos::store::inspect;
 use kairos::store::record::{Inflight, LifeRecord};
 use kairos::store::{
-    ClaimReply, Claimed, IdOrigin, NewTask, NewTaskWork, RunOutcome, StartOutcome, Store,
-    Takeover,
+    ClaimReply, Claimed, IdOrigin, NewTask, NewTaskWork, RunOutcome, StartOutcome, Store, Takeover,
     TimerFinish,
 };
 use redis::AsyncCommands;

@@ -39,23 +39,6 @@ pub(crate) struct RequestId(pub String);
 #[derive(Clone, Debug)]
 pub(crate) struct Audited(pub String);
 
-/// Middleware: gives every request an id (see [`RequestId`]) and answers it.
-pub(crate) async fn request_id(mut request: Request, next: Next) -> Response {
-    let id = request
-        .headers()
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|v| !v.is_empty() && v.len() <= 64 && v.bytes().all(|b| b.is_ascii_graphic()))
-        .map(str::to_string)
-        .unwrap_or_else(|| format!("{:016x}", rand::random::<u64>()));
-    request.extensions_mut().insert(RequestId(id.clone()));
-    let mut response = next.run(request).await;
-    if let Ok(value) = header::HeaderValue::from_str(&id) {
-        response.headers_mut().insert("x-request-id", value);
-    }
-    response
-}
-
 /// What the path of a change names: `life=ID`, `timer=NAME`, `queue=NAME task=NAME`,
 /// `plugin=NAME` (empty for other routes).
 pub(crate) fn object_of_path(path: &str) -> String {

@@ -176,7 +176,12 @@ pub(crate) async fn defer_booking(
         });
         let life = booking::point_life(when, action, &app.rules(now_ms), key.as_deref())?;
         app.bookings
-            .store_keyed(&life, IdOrigin::of_key(key.as_deref()), now_ms, key.as_deref())
+            .store_keyed(
+                &life,
+                IdOrigin::of_key(key.as_deref()),
+                now_ms,
+                key.as_deref(),
+            )
             .await?;
         Ok((StatusCode::ACCEPTED, deferred_view(app, &life)))
     })
@@ -275,7 +280,12 @@ async fn defer_json_booking(
         let action = booking::parse_action("the request", action, &rules)?;
         let life = booking::point_life(at, action, &rules, key.as_deref())?;
         app.bookings
-            .store_keyed(&life, IdOrigin::of_key(key.as_deref()), now_ms, key.as_deref())
+            .store_keyed(
+                &life,
+                IdOrigin::of_key(key.as_deref()),
+                now_ms,
+                key.as_deref(),
+            )
             .await?;
         Ok((StatusCode::ACCEPTED, deferred_view(app, &life)))
     })

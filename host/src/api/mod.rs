@@ -7,6 +7,7 @@
 
 mod auth;
 mod defer;
+mod edge;
 mod extractors;
 mod openapi;
 mod ops;
@@ -27,9 +28,9 @@ use std::sync::Arc;
 
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request};
+use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderMap, StatusCode};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::{Extension, Router};
@@ -127,7 +128,6 @@ impl IntoResponse for ApiError {
 /// The whole HTTP app.
 pub fn router(app: Shared) -> Router {
     let limit = app.config.max_body_bytes;
-    let plugin_limit = app.config.max_plugin_bytes;
     // Each `routes!` registers a route and its documentation together, so the document
     // served at /openapi.json lists exactly the routes served.
     let (routes, mut doc) = OpenApiRouter::with_openapi(openapi::ApiDoc::openapi())
@@ -169,46 +169,10 @@ pub fn router(app: Shared) -> Router {
     routes
         .layer(Extension(doc))
         .layer(DefaultBodyLimit::max(limit))
-        // Refusals made by the framework itself (a method a route does not take, a path
-        // that does not decode) get the spec's error body like every other.
-        .layer(middleware::from_fn(json_errors))
-        .layer(middleware::from_fn(move |request: Request, next: Next| {
-            // Plugin uploads have a limit of their own; the routes apply each exactly.
-            let route_limit = if request.uri().path().starts_with("/plugins/") {
-                plugin_limit.max(limit)
-            } else {
-                limit
-            };
-            crate::http_server::limit_bodies(route_limit, request, next)
-        }))
-        // Every answer carries the request's id, which the audit line names too.
-        .layer(middleware::from_fn(auth::request_id))
-        .layer(middleware::from_fn_with_state(app.clone(), count_requests))
+        // Counts, ids, body limits and the spec's error body for the framework's own
+        // refusals, in one layer (`edge`).
+        .layer(middleware::from_fn_with_state(app.clone(), edge::edge))
         .with_state(app)
-}
-
-/// Counts and times every request by its route's template (`metrics::http`), outside
-/// every other layer, so that what it counts is the status the client got.
-async fn count_requests(
-    axum::extract::State(app): axum::extract::State<Shared>,
-    request: Request,
-    next: Next,
-) -> Response {
-    // A clone of the template axum keeps (shared, not copied).
-    let route = request
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .cloned();
-    let method = request.method().clone();
-    let started = std::time::Instant::now();
-    let response = next.run(request).await;
-    app.engine.metrics.http.observe(
-        route.as_ref().map(|p| p.as_str()),
-        method.as_str(),
-        response.status().as_u16(),
-        started.elapsed(),
-    );
-    response
 }
 
 /// Reads the `Idempotency-Key` header of a booking call; a malformed one is a 400.
@@ -282,50 +246,4 @@ pub(crate) fn body_bytes(
             ApiError::bad_request("unreadable_body", rejection.body_text())
         }
     })
-}
-
-/// Gives an error answer that is not the spec's JSON error body (axum's own refusals:
-/// 405, a path segment that is not UTF-8, a missing content type) that body.
-async fn json_errors(request: Request, next: Next) -> Response {
-    let method = request.method().clone();
-    let path = request.uri().path().to_string();
-    let response = next.run(request).await;
-    let status = response.status();
-    let is_json = response
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
-    if !(status.is_client_error() || status.is_server_error()) || is_json {
-        return response;
-    }
-    let allow = response.headers().get(header::ALLOW).cloned();
-    let text = axum::body::to_bytes(response.into_body(), 4096)
-        .await
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
-    let (code, message) = match status {
-        StatusCode::METHOD_NOT_ALLOWED => (
-            "method_not_allowed",
-            format!(
-                "{path} does not take {method}{}",
-                allow
-                    .as_ref()
-                    .and_then(|a| a.to_str().ok())
-                    .map(|a| format!("; it takes {a}"))
-                    .unwrap_or_default()
-            ),
-        ),
-        StatusCode::NOT_FOUND => ("not_found", format!("no route for {method} {path}")),
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => ("unsupported_media_type", text),
-        s if s.is_client_error() => (
-            "invalid_request",
-            format!("the request is not valid: {text}"),
-        ),
-        _ => ("internal_error", format!("the request failed: {text}")),
-    };
-    let mut answer = ApiError::new(status, code, message).into_response();
-    if let Some(allow) = allow {
-        answer.headers_mut().insert(header::ALLOW, allow);
-    }
-    answer
 }

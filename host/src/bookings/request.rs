@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::model::{Action, Callbacks, NewLife, PluginAction, ScheduleType, WebhookAction};
-use crate::store::IdOrigin;
 pub use crate::plugins::registry::KnownPlugins;
+use crate::store::IdOrigin;
 
 /// What validation needs from the host's configuration and the moment.
 pub struct Rules<'a> {

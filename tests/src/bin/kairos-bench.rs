@@ -1533,7 +1533,10 @@ async fn bench_scripts() {
         })
         .collect();
     for life in &lives {
-        store.book(life, IdOrigin::Given, booked_at, 0, 0).await.expect("book");
+        store
+            .book(life, IdOrigin::Given, booked_at, 0, 0)
+            .await
+            .expect("book");
     }
     let cpu = || redis_cpu_us(&redis);
     let mut rows = Vec::new();
