@@ -162,11 +162,21 @@ async fn an_id_is_taken_once_across_every_shard() {
         .unwrap();
 }
 
-/// `cmdstat_get`'s calls since the last `CONFIG RESETSTAT`.
-async fn gets_since_reset(conn: &mut redis::aio::MultiplexedConnection) -> u64 {
+/// Books `l` as an id of `origin` and answers how many GETs Redis ran for it.
+async fn gets_to_book(redis: &Redis, store: &Store, l: &NewLife, origin: IdOrigin) -> u64 {
+    let mut conn = redis.conn().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    store
+        .book(l, origin, now_ms(), 1_000, now_ms())
+        .await
+        .unwrap();
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
-        .query_async(conn)
+        .query_async(&mut conn)
         .await
         .unwrap();
     info.lines()
@@ -180,53 +190,30 @@ async fn a_booking_looks_for_a_pointer_only_where_one_can_stand() {
     let redis = Redis::start();
     let store = redis.store_with(Some(8)).await.unwrap();
     let p = store.placement();
-    let mut conn = redis.conn().await;
-    let reset = |conn: &mut redis::aio::MultiplexedConnection| {
-        let mut conn = conn.clone();
-        async move {
-            let _: () = redis::cmd("CONFIG")
-                .arg("RESETSTAT")
-                .query_async(&mut conn)
-                .await
-                .unwrap();
-        }
-    };
     let at = now_ms() + LATER;
     // Every booking call reads its shard's count of record buckets (`rn`) with a GET.
     // A named id in its home shard: a pointer there would say it is taken elsewhere.
-    reset(&mut conn).await;
-    store
-        .book(
-            &life("named", None, at),
-            IdOrigin::Given,
-            now_ms(),
-            1_000,
-            now_ms(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(gets_since_reset(&mut conn).await, 1 + 1);
+    let named = life("named", None, at);
+    assert_eq!(
+        gets_to_book(&redis, &store, &named, IdOrigin::Given).await,
+        1 + 1
+    );
     // An id drawn for the booking: no other booking can have named it.
-    reset(&mut conn).await;
-    store
-        .book(
-            &life("drawn", None, at),
-            IdOrigin::Drawn,
-            now_ms(),
-            1_000,
-            now_ms(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(gets_since_reset(&mut conn).await, 1);
+    let drawn = life("drawn", None, at);
+    assert_eq!(
+        gets_to_book(&redis, &store, &drawn, IdOrigin::Drawn).await,
+        1
+    );
     // A named id stored outside its home shard: pointers stand only in home shards. The
     // pointer's own script, in the home shard, reads the pointer there and that shard's
     // `rn` (two GETs) before it writes one.
     let rid = resource_elsewhere(&store, "away");
     assert_ne!(p.resource(&rid), p.home("away"));
-    reset(&mut conn).await;
-    book(&store, &life("away", Some(&rid), at)).await.unwrap();
-    assert_eq!(gets_since_reset(&mut conn).await, 2 + 1);
+    let away = life("away", Some(&rid), at);
+    assert_eq!(
+        gets_to_book(&redis, &store, &away, IdOrigin::Given).await,
+        2 + 1
+    );
     // And a named id is still refused where a pointer says it is taken.
     assert_eq!(book(&store, &life("away", None, at)).await, Err(409));
 }
@@ -499,4 +486,86 @@ async fn bookings_keep_their_order_when_redis_lost_its_scripts() {
             "round {round}: a later booking overtook the first: {answers:?}"
         );
     }
+}
+
+/// The sizes of `tree`'s leaves, in order.
+async fn leaf_sizes(conn: &mut redis::aio::MultiplexedConnection, tree: &str) -> Vec<usize> {
+    let entries: Vec<String> = conn.zrange(tree, 0, -1).await.unwrap();
+    let mut sizes = Vec::new();
+    for entry in entries {
+        let leaf = format!("{tree}:{}", entry.rsplit_once('|').unwrap().1);
+        sizes.push(conn.zcard(&leaf).await.unwrap());
+    }
+    sizes
+}
+
+#[tokio::test]
+async fn bookings_in_time_order_fill_their_leaves_and_others_split_them_in_halves() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(1)).await.unwrap();
+    let mut conn = redis.conn().await;
+    let at = now_ms() + LATER;
+    // In the order of their times: each booking lands at the end of the last leaf.
+    for i in 0..600 {
+        book(&store, &life(&format!("seq-{i:04}"), None, at + i))
+            .await
+            .unwrap();
+    }
+    let k = store.shard(0);
+    for tree in [k.due(), k.lives()] {
+        let sizes = leaf_sizes(&mut conn, &tree).await;
+        assert_eq!(sizes.iter().sum::<usize>(), 600, "{tree}: {sizes:?}");
+        // Every leaf but the last was left full when the next began (48: the size a
+        // booking's sampled check splits past).
+        let (last, full) = sizes.split_last().unwrap();
+        assert!(
+            full.iter().all(|&n| (48..=128).contains(&n)),
+            "{tree}: {sizes:?}"
+        );
+        assert!(*last <= 128, "{tree}: {sizes:?}");
+    }
+    // Out of order (each one before the last): leaves split in two halves, none outgrows
+    // its listpack, and the tree keeps every member in order.
+    for i in 0..300 {
+        book(
+            &store,
+            &life(&format!("mid-{i:04}"), None, at + 599 - 2 * i),
+        )
+        .await
+        .unwrap();
+    }
+    let sizes = leaf_sizes(&mut conn, &k.lives()).await;
+    assert_eq!(sizes.iter().sum::<usize>(), 900, "{sizes:?}");
+    assert!(sizes.iter().all(|&n| n <= 128), "{sizes:?}");
+    assert!(
+        sizes.iter().any(|&n| n < 48),
+        "no leaf was split in halves: {sizes:?}"
+    );
+    let mut want: Vec<(i64, String)> = (0..600)
+        .map(|i| (i, format!("seq-{i:04}")))
+        .chain((0..300).map(|i| (599 - 2 * i, format!("mid-{i:04}"))))
+        .collect();
+    want.sort();
+    let want: Vec<String> = want.into_iter().map(|(_, id)| id).collect();
+    let (mut got, mut cursor) = (Vec::new(), None);
+    for _ in 0..20 {
+        let page = store
+            .list(&ListFilter {
+                limit: 100,
+                cursor: cursor.clone(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        got.extend(
+            page.items
+                .iter()
+                .map(|l| l["life_uuid"].as_str().unwrap().to_string()),
+        );
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    assert_eq!(got, want, "every Life once, in birth order");
 }
