@@ -507,33 +507,31 @@ local function tree_leaf(tree, score, member)
   return tree .. ':' .. leaf_id_of(entry), entry
 end
 
--- Splits LEAF (index entry ENTRY), which (SCORE, MEMBER) was just added to.
+-- Splits LEAF (index entry ENTRY), which (SCORE, MEMBER) was just added to: the members
+-- from rank FROM on move to a new leaf, bound in the index by the first of them.
 local function tree_split(tree, leaf, entry, score, member)
-  local id
+  local moved, from
   if redis.call('ZRANGE', leaf, -1, -1)[1] == member
       and not redis.call('ZRANGEBYLEX', tree, '(' .. entry, '+', 'LIMIT', '0', '1')[1] then
     -- Appended to the last leaf: the leaves before it would stay half full for good.
     -- The member begins the next leaf, and nothing else moves.
-    id = redis.call('INCR', PREFIX .. 'tseq')
-    redis.call('ZADD', tree .. ':' .. id, score, member)
-    redis.call('ZREMRANGEBYRANK', leaf, -1, -1)
-    redis.call('ZADD', tree, 0, tree_bound(score, member) .. '|' .. id)
-    return
+    moved, from = {score, member}, -1
+  else
+    local items = redis.call('ZRANGE', leaf, 0, -1, 'WITHSCORES')
+    local n = #items / 2
+    local cut = math.floor(n / 2) + 1
+    moved, from = {}, cut - 1
+    for i = cut, n do
+      moved[#moved + 1] = items[2 * i]
+      moved[#moved + 1] = items[2 * i - 1]
+    end
   end
-  local items = redis.call('ZRANGE', leaf, 0, -1, 'WITHSCORES')
-  local n = #items / 2
-  local cut = math.floor(n / 2) + 1
-  id = redis.call('INCR', PREFIX .. 'tseq')
-  local moved = {}
-  for i = cut, n do
-    moved[#moved + 1] = items[2 * i]
-    moved[#moved + 1] = items[2 * i - 1]
-  end
+  local id = redis.call('INCR', PREFIX .. 'tseq')
   for i = 1, #moved, 200 do
     redis.call('ZADD', tree .. ':' .. id, unpack(moved, i, math.min(i + 199, #moved)))
   end
-  redis.call('ZREMRANGEBYRANK', leaf, cut - 1, -1)
-  redis.call('ZADD', tree, 0, tree_bound(items[2 * cut], items[2 * cut - 1]) .. '|' .. id)
+  redis.call('ZREMRANGEBYRANK', leaf, from, -1)
+  redis.call('ZADD', tree, 0, tree_bound(moved[1], moved[2]) .. '|' .. id)
 end
 
 -- SAMPLED (a booking, booking_checks): nil checks the leaf's size after the insert,
@@ -772,8 +770,9 @@ end
 -- UUID, RID ('' = none), BIRTH and DEATH (ms as text, DEATH '' for a point), REC (the
 -- record), GUARD and NOTIFY_BEFORE (ms), PLUGINS (the names the actions use) and
 -- LOOK_FOR_POINTER ('1', or '' where no pointer can stand: outside the id's home shard,
--- or an id the host drew for this booking) as book_argv reads them. Times go to Redis as the text they came as: a Lua number would
--- be printed anew (`%.17g`) at every command.
+-- or an id the host drew for this booking) as book_argv reads them. Times go to Redis
+-- as the text they came as: a Lua number would be printed anew (`%.17g`) at every
+-- command.
 -- Returns {'ok'} | {'resource_conflict', other_uuid} | {'duplicate'} |
 --   {'pointer', value}: this is the id's home shard and it points to another shard
 --   (the Life is there, or was, or is being booked there)
