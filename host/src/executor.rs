@@ -16,10 +16,12 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use crate::actions::webhook::{CallContext, CallResult, STATUS_CONNECT_ERROR};
 use crate::actions::Fence;
-use crate::engine::Engine;
+use crate::engine::{Engine, LeaseToken};
 use crate::model::{Action, PlanKind, DEFAULT_TIMER_RETRIES};
 use crate::plugins::{Invocation, InvokeContext};
-use crate::store::{Callback, Claimed, FinishedRun, Owner, RunOutcome, RunRecord, StartOutcome};
+use crate::store::{
+    Callback, Claimed, FinishedRun, Owner, RunOutcome, RunRecord, StartOutcome, StartSection,
+};
 
 /// Pause before a Plan whose resource is busy tries again.
 const RESOURCE_BUSY_RETRY_MS: i64 = 50;
@@ -186,6 +188,26 @@ const FINISH_BATCH: usize = 256;
 /// takes seconds).
 const RECORD_PATIENCE: Duration = Duration::from_secs(30);
 
+/// One shard's Plans of a start batch, with what their runs need once started.
+struct StartGroup {
+    shard: u32,
+    gen: u64,
+    batch: Vec<(Claimed, OwnedSemaphorePermit)>,
+    actions: Vec<Result<Action, String>>,
+    lease: LeaseToken,
+}
+
+impl StartGroup {
+    /// The group's section of a start_run call.
+    fn section(&self) -> StartSection<'_> {
+        StartSection {
+            shard: self.shard,
+            gen: self.gen,
+            plans: self.batch.iter().map(|(plan, _)| plan).collect(),
+        }
+    }
+}
+
 /// Test hook, in debug builds only: `KAIROS_TEST_HOLD_START_MS` holds every start_run
 /// answer that long before the host acts on it, as a slow network would, so that an
 /// end-to-end test can drain a shard while starts it sent are applied in Redis but not
@@ -219,34 +241,75 @@ impl Engine {
         batch: Vec<(Claimed, OwnedSemaphorePermit)>,
         finished: &mpsc::UnboundedSender<Finished>,
     ) {
-        // One start_run call per shard (a script touches one shard), all at once.
         let mut groups: BTreeMap<u32, Vec<(Claimed, OwnedSemaphorePermit)>> = BTreeMap::new();
         for (plan, slot) in batch {
             groups.entry(plan.shard).or_default().push((plan, slot));
         }
-        let starts = groups.into_iter().filter_map(|(shard, group)| {
-            match self.shards.active_gen(shard) {
-                Some(gen) => Some(self.start_group(shard, gen, group, finished)),
-                None => {
-                    // The shard is being given up or is another host's now: nothing of
-                    // it starts here (its Plans go back with the shard).
-                    for (plan, _) in group {
-                        self.forget(&plan);
+        let ready: Vec<StartGroup> = groups
+            .into_iter()
+            .filter_map(|(shard, group)| self.prepare_start(shard, group))
+            .collect();
+        if ready.is_empty() {
+            return;
+        }
+        let now_ms = self.clock.now_ms();
+        let limit_ms = self.config.birth_delay_limit_time.as_millis() as i64;
+        if self.store.is_cluster() {
+            // One start_run call per shard (a call goes to one node), all at once.
+            let starts = ready.into_iter().map(|group| async move {
+                let answer = self
+                    .store
+                    .start_sections(&self.host_id, &[group.section()], limit_ms)
+                    .await
+                    .map(|mut answers| answers.pop().unwrap_or_default());
+                hold_start_answer().await;
+                self.after_start(group, answer, now_ms, finished);
+            });
+            futures_util::future::join_all(starts).await;
+        } else {
+            // One call for every shard's Plans: a standalone Redis holds them all, and a
+            // shard's own calls carried a few Plans each (BENCHMARKS.md, session 24).
+            let sections: Vec<StartSection<'_>> = ready.iter().map(StartGroup::section).collect();
+            let answers = self
+                .store
+                .start_sections(&self.host_id, &sections, limit_ms)
+                .await;
+            drop(sections);
+            hold_start_answer().await;
+            match answers {
+                Ok(answers) if answers.len() == ready.len() => {
+                    for (group, answer) in ready.into_iter().zip(answers) {
+                        self.after_start(group, Ok(answer), now_ms, finished);
                     }
-                    None
+                }
+                other => {
+                    let plans: usize = ready.iter().map(|g| g.batch.len()).sum();
+                    if let Err(e) = other {
+                        tracing::warn!(error = %e, plans, "cannot start runs; trying again");
+                    }
+                    for group in ready {
+                        self.after_start(group, Ok(Vec::new()), now_ms, finished);
+                    }
                 }
             }
-        });
-        futures_util::future::join_all(starts).await;
+        }
     }
 
-    async fn start_group(
+    /// One shard's part of a start batch, ready for its call, or None when nothing of it
+    /// starts here.
+    fn prepare_start(
         self: &Arc<Self>,
         shard: u32,
-        gen: u64,
         batch: Vec<(Claimed, OwnedSemaphorePermit)>,
-        finished: &mpsc::UnboundedSender<Finished>,
-    ) {
+    ) -> Option<StartGroup> {
+        let Some(gen) = self.shards.active_gen(shard) else {
+            // The shard is being given up or is another host's now: nothing of it starts
+            // here (its Plans go back with the shard).
+            for (plan, _) in batch {
+                self.forget(&plan);
+            }
+            return None;
+        };
         // A Plan that a drain of its shard let go of since it fired does not start here
         // (it goes back with the shard); the others count as busy from now on, so that
         // the drain waits for this start's answer before it hands the shard back.
@@ -255,9 +318,16 @@ impl Engine {
             .filter(|(plan, _)| self.mark_starting(plan))
             .collect();
         if batch.is_empty() {
-            return;
+            return None;
         }
-        let now_ms = self.clock.now_ms();
+        // The lease the runs start under: a run is not called once it has lapsed.
+        let Some(lease) = self.lease_token(shard) else {
+            // Not this host's shard any more: its Plans go with it.
+            for (plan, _) in batch {
+                self.forget(&plan);
+            }
+            return None;
+        };
         let actions: Vec<Result<Action, String>> = batch
             .iter()
             .map(|(plan, _)| {
@@ -265,32 +335,36 @@ impl Engine {
                     .map_err(|e| format!("the stored action is unreadable: {e}"))
             })
             .collect();
-        let requests: Vec<&Claimed> = batch.iter().map(|(plan, _)| plan).collect();
-        // The lease the runs start under: a run is not called once it has lapsed.
-        let Some(lease) = self.lease_token(shard) else {
-            // Not this host's shard any more: its Plans go with it.
-            for (plan, _) in batch {
-                self.forget(&plan);
-            }
-            return;
-        };
-        let outcomes = self
-            .store
-            .start_runs(
-                shard,
-                &self.host_id,
-                gen,
-                &requests,
-                self.config.birth_delay_limit_time.as_millis() as i64,
-            )
-            .await;
-        hold_start_answer().await;
+        Some(StartGroup {
+            shard,
+            gen,
+            batch,
+            actions,
+            lease,
+        })
+    }
+
+    /// Acts on start_run's answers for one shard's Plans: runs those that start, puts
+    /// off or drops the others. Answers that do not match the Plans (the call failed)
+    /// put every Plan off: start_run answers a retry for a Plan it already started as
+    /// it did the first time, so trying again is safe.
+    fn after_start(
+        self: &Arc<Self>,
+        group: StartGroup,
+        outcomes: redis::RedisResult<Vec<StartOutcome>>,
+        now_ms: i64,
+        finished: &mpsc::UnboundedSender<Finished>,
+    ) {
+        let StartGroup {
+            shard,
+            batch,
+            actions,
+            lease,
+            ..
+        } = group;
         let outcomes = match outcomes {
             Ok(o) if o.len() == batch.len() => o,
             other => {
-                // The call may have applied with its reply lost: start_run answers a
-                // retry for a Plan it already started as it did the first time, so
-                // trying again is safe.
                 if let Err(e) = other {
                     tracing::warn!(error = %e, plans = batch.len(), "cannot start runs; trying again");
                 }
@@ -689,7 +763,7 @@ impl Engine {
         });
     }
 
-    /// Records finished runs in lanes (`finish_lane_of`: one per shard on a Redis
+    /// Records finished runs in lanes (`lane_of`: one per shard on a Redis
     /// Cluster, one for all on a standalone Redis): each lane writes one batch at a time,
     /// and what finishes meanwhile goes into its next. On a cluster a shard whose master
     /// does not answer (its lane retrying for up to `RECORD_PATIENCE`) holds up no other
@@ -699,7 +773,7 @@ impl Engine {
         let mut lane_tasks = tokio::task::JoinSet::new();
         while let Some(run) = finished.recv().await {
             let lane = lanes
-                .entry(self.finish_lane_of(run.run.plan.shard))
+                .entry(self.lane_of(run.run.plan.shard))
                 .or_insert_with(|| {
                     let (tx, rx) = mpsc::unbounded_channel();
                     lane_tasks.spawn(self.clone().finish_lane(rx));
@@ -747,7 +821,7 @@ impl Engine {
                     .push(f.run.clone()),
                 Some(Owner::Timer(_)) => timers.push(f.run.clone()),
                 _ => lives
-                    .entry(self.finish_lane_of(f.run.plan.shard))
+                    .entry(self.lane_of(f.run.plan.shard))
                     .or_default()
                     .push(f.run.clone()),
             }
@@ -797,12 +871,12 @@ impl Engine {
         }
     }
 
-    /// Which lane of the finisher, and which call of `finish_life`, a shard's runs go
-    /// in: their own shard's on a Redis Cluster (a shard whose master does not answer
-    /// holds up no other), one for all on a standalone Redis, which holds every shard
-    /// (each shard's own calls carried a few runs each, and a call costs Redis more
-    /// than its runs' share of the work).
-    fn finish_lane_of(&self, shard: u32) -> u32 {
+    /// Which lane a shard's Plans go in, for their start calls (`start_run`) and their
+    /// finish calls (`finish_life`): their own shard's on a Redis Cluster (a shard whose
+    /// master does not answer holds up no other), one for all on a standalone Redis,
+    /// which holds every shard (each shard's own calls carried a few Plans each, and a
+    /// call costs Redis more than its Plans' share of the work).
+    pub(crate) fn lane_of(&self, shard: u32) -> u32 {
         if self.store.is_cluster() {
             shard
         } else {

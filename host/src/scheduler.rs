@@ -556,10 +556,11 @@ impl Engine {
         let finisher = tokio::spawn(self.clone().finisher(finished_rx));
         let mut waiting = WaitingRuns::default();
         let room = self.config.timedout_queue_max_size.max(START_BATCH);
-        // Runs given a worker slot, waiting for their shard's start call: one call per
-        // shard at a time, on a task of its own, and what comes meanwhile goes into its
-        // next call. A shard whose master does not answer holds up no other shard's
-        // starts, and a busy shard's starts are batched by themselves.
+        // Runs given a worker slot, waiting for their lane's start call: one call per
+        // lane at a time, on a task of its own, and what comes meanwhile goes into its
+        // next call. On a Redis Cluster a lane is a shard, so that a shard whose master
+        // does not answer holds up no other shard's starts; on a standalone Redis one
+        // lane takes every shard's (`lane_of`).
         let mut lanes: HashMap<u32, Vec<(Claimed, tokio::sync::OwnedSemaphorePermit)>> =
             HashMap::new();
         let mut in_flight: BTreeSet<u32> = BTreeSet::new();
@@ -568,8 +569,8 @@ impl Engine {
             tokio::select! {
                 biased;
                 _ = until_shutdown(&mut shutdown) => break,
-                Some(shard) = done_rx.recv() => {
-                    in_flight.remove(&shard);
+                Some(lane) = done_rx.recv() => {
+                    in_flight.remove(&lane);
                 }
                 plan = rx.recv(), if waiting.len() < room => match plan {
                     Some(plan) => {
@@ -586,26 +587,32 @@ impl Engine {
                 slot = slots.clone().acquire_owned(), if !waiting.is_empty() => {
                     let slot = slot.expect("semaphore never closes");
                     let first = waiting.pop().expect("not empty");
-                    lanes.entry(first.shard).or_default().push((first, slot));
+                    lanes
+                        .entry(self.lane_of(first.shard))
+                        .or_default()
+                        .push((first, slot));
                     while !waiting.is_empty() {
                         let Ok(slot) = slots.clone().try_acquire_owned() else {
                             break;
                         };
                         let plan = waiting.pop().expect("not empty");
-                        lanes.entry(plan.shard).or_default().push((plan, slot));
+                        lanes
+                            .entry(self.lane_of(plan.shard))
+                            .or_default()
+                            .push((plan, slot));
                     }
                 }
             }
-            // Every idle shard with runs given a slot gets its start call now.
+            // Every idle lane with runs given a slot gets its start call now.
             let ready: Vec<u32> = lanes
                 .iter()
-                .filter(|(shard, runs)| !runs.is_empty() && !in_flight.contains(*shard))
-                .map(|(shard, _)| *shard)
+                .filter(|(lane, runs)| !runs.is_empty() && !in_flight.contains(*lane))
+                .map(|(lane, _)| *lane)
                 .collect();
-            for shard in ready {
-                let runs = lanes.get_mut(&shard).expect("listed");
+            for lane in ready {
+                let runs = lanes.get_mut(&lane).expect("listed");
                 let batch: Vec<_> = runs.drain(..runs.len().min(START_BATCH)).collect();
-                in_flight.insert(shard);
+                in_flight.insert(lane);
                 let engine = self.clone();
                 let finished = finished_tx.clone();
                 let done = done_tx.clone();
@@ -613,7 +620,7 @@ impl Engine {
                 tokio::spawn(async move {
                     engine.start_batch(batch, &finished).await;
                     engine.starting.fetch_sub(1, Ordering::AcqRel);
-                    let _ = done.send(shard);
+                    let _ = done.send(lane);
                 });
             }
         }

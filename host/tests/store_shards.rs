@@ -5,8 +5,8 @@
 use kairos::model::NewLife;
 use kairos::model::ScheduleType;
 use kairos::store::{
-    CancelOutcome, ClaimReply, Claimed, IdOrigin, ListFilter, OpenError, StartOutcome, Store,
-    Takeover,
+    CancelOutcome, ClaimReply, Claimed, IdOrigin, ListFilter, OpenError, StartOutcome,
+    StartSection, Store, Takeover,
 };
 use redis::AsyncCommands;
 
@@ -568,4 +568,80 @@ async fn bookings_in_time_order_fill_their_leaves_and_others_split_them_in_halve
         }
     }
     assert_eq!(got, want, "every Life once, in birth order");
+}
+
+/// On a standalone Redis the Plans of many shards start in one call of `start_run` (a
+/// section a shard), each section fenced by this host's lease on its own shard: a
+/// section sent under a generation the shard no longer has starts nothing and answers
+/// `lost` for each of its Plans, in the middle of the others, which start; a retry of the
+/// call answers the started ones as before.
+#[tokio::test]
+async fn plans_of_many_shards_start_in_one_call_each_fenced_by_its_own_lease() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(4)).await.unwrap();
+    let at = now_ms() + 5_000;
+    for i in 0..24 {
+        book(&store, &life(&format!("s{i:02}"), None, at + i))
+            .await
+            .unwrap();
+    }
+    let mut claimed = Vec::new();
+    for shard in 0..4 {
+        let Takeover::Taken { gen, .. } = store.shard_takeover(shard, "h1", 30_000).await.unwrap()
+        else {
+            panic!("shard {shard} is held");
+        };
+        let ClaimReply::Claimed { plans, .. } = store
+            .claim(shard, "h1", gen, now_ms() + 60_000, 1000, now_ms(), 0)
+            .await
+            .unwrap()
+        else {
+            panic!("shard {shard}: claim refused");
+        };
+        assert!(!plans.is_empty(), "shard {shard} got no Lives");
+        claimed.push((shard, gen, plans));
+    }
+    let stale = 2;
+    let sections: Vec<StartSection<'_>> = claimed
+        .iter()
+        .map(|(shard, gen, plans)| StartSection {
+            shard: *shard,
+            // A generation of the shard other than the one this host holds.
+            gen: if *shard == stale { gen + 1 } else { *gen },
+            plans: plans.iter().collect(),
+        })
+        .collect();
+    for round in 0..2 {
+        let answers = store
+            .start_sections("h1", &sections, 180_000)
+            .await
+            .unwrap();
+        assert_eq!(answers.len(), 4);
+        for ((shard, _, plans), answer) in claimed.iter().zip(&answers) {
+            assert_eq!(answer.len(), plans.len(), "round {round}, shard {shard}");
+            let want = if *shard == stale {
+                StartOutcome::Lost
+            } else {
+                StartOutcome::Run { attempts: 1 }
+            };
+            assert!(
+                answer.iter().all(|a| *a == want),
+                "round {round}, shard {shard}: {answer:?}"
+            );
+        }
+    }
+    // Only the started Plans carry a start in their shard's `inflight` entry
+    // (`{claim}|{fire}|{host}|{started}|{attempt}`).
+    let mut conn = redis.conn().await;
+    for (shard, _, plans) in &claimed {
+        for plan in plans {
+            let entry: String = conn
+                .hget(store.shard(*shard).inflight(), &plan.plan_id)
+                .await
+                .unwrap();
+            let fields = entry.split('|').count();
+            let want = if *shard == stale { 3 } else { 5 };
+            assert_eq!(fields, want, "shard {shard}, {}: {entry}", plan.plan_id);
+        }
+    }
 }

@@ -96,6 +96,33 @@ pub enum StartOutcome {
     Expired,
 }
 
+/// One shard's Plans in a call of `start_run.lua`, started under this host's lease
+/// generation `gen` on the shard.
+pub struct StartSection<'a> {
+    pub shard: u32,
+    pub gen: u64,
+    pub plans: Vec<&'a Claimed>,
+}
+
+/// One answer of `start_run.lua`.
+fn start_outcome(word: &str) -> StartOutcome {
+    match word {
+        "busy" => StartOutcome::Busy,
+        "deferred" => StartOutcome::Deferred,
+        "dropped" => StartOutcome::Dropped,
+        "expired" => StartOutcome::Expired,
+        other => {
+            if let Some(late) = other.strip_prefix("late:").and_then(|ms| ms.parse().ok()) {
+                return StartOutcome::Late(late);
+            }
+            match other.strip_prefix("run:").and_then(|a| a.parse().ok()) {
+                Some(attempts) => StartOutcome::Run { attempts },
+                None => StartOutcome::Lost,
+            }
+        }
+    }
+}
+
 /// How a run ended, as the finish scripts record it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunOutcome {
@@ -306,44 +333,63 @@ impl Store {
         plans: &[&Claimed],
         birth_delay_limit_ms: i64,
     ) -> redis::RedisResult<Vec<StartOutcome>> {
-        let k = self.shard(shard);
+        let section = StartSection {
+            shard,
+            gen,
+            plans: plans.to_vec(),
+        };
+        let mut answers = self
+            .start_sections(host, std::slice::from_ref(&section), birth_delay_limit_ms)
+            .await?;
+        Ok(answers.pop().unwrap_or_default())
+    }
+
+    /// [`Store::start_runs`] for the Plans of many shards in one call, a section a shard:
+    /// each section's answers, in order. On a Redis Cluster the sections must be of one
+    /// shard's node (a call goes to one node): callers give one section there.
+    pub async fn start_sections(
+        &self,
+        host: &str,
+        sections: &[StartSection<'_>],
+        birth_delay_limit_ms: i64,
+    ) -> redis::RedisResult<Vec<Vec<StartOutcome>>> {
+        let Some(first) = sections.first() else {
+            return Ok(Vec::new());
+        };
         let mut invocation = self.scripts.start_run.prepare_invoke();
         invocation
-            .key(k.held())
-            .key(k.runs())
-            .key(k.owner())
-            .key(k.inflight())
-            .arg(&k.prefix)
+            .key(self.shard(first.shard).inflight())
+            .arg("")
             .arg(host)
-            .arg(gen)
             .arg(birth_delay_limit_ms)
             .arg(self.runs_max_len);
-        for plan in plans {
-            // A Life's Plan: the attempt this run is, and its resource.
+        for section in sections {
             invocation
-                .arg(&plan.plan_id)
-                .arg(&plan.claim)
-                .arg(plan.attempts + 1)
-                .arg(plan.resource_id.as_deref().unwrap_or(""));
+                .arg(&self.shard(section.shard).prefix)
+                .arg(section.gen)
+                .arg(section.plans.len());
+            for plan in &section.plans {
+                // A Life's Plan: the attempt this run is, and its resource.
+                invocation
+                    .arg(&plan.plan_id)
+                    .arg(&plan.claim)
+                    .arg(plan.attempts + 1)
+                    .arg(plan.resource_id.as_deref().unwrap_or(""));
+            }
         }
         let reply: Vec<String> = invocation.invoke_async(&mut self.conn()).await?;
-        Ok(reply
+        let want: usize = sections.iter().map(|s| s.plans.len()).sum();
+        if reply.len() != want {
+            return Err(redis::RedisError::from((
+                redis::ErrorKind::Parse,
+                "start_run answered a reply of the wrong length",
+                format!("{} answers for {want} Plans", reply.len()),
+            )));
+        }
+        let mut reply = reply.iter().map(|r| start_outcome(r));
+        Ok(sections
             .iter()
-            .map(|r| match r.as_str() {
-                "busy" => StartOutcome::Busy,
-                "deferred" => StartOutcome::Deferred,
-                "dropped" => StartOutcome::Dropped,
-                "expired" => StartOutcome::Expired,
-                other => {
-                    if let Some(late) = other.strip_prefix("late:").and_then(|ms| ms.parse().ok()) {
-                        return StartOutcome::Late(late);
-                    }
-                    match other.strip_prefix("run:").and_then(|a| a.parse().ok()) {
-                        Some(attempts) => StartOutcome::Run { attempts },
-                        None => StartOutcome::Lost,
-                    }
-                }
-            })
+            .map(|s| reply.by_ref().take(s.plans.len()).collect())
             .collect())
     }
 

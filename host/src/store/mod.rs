@@ -59,7 +59,7 @@ mod timers;
 pub use conn::{Conn, Target, CLUSTER_SCHEME};
 pub use firing::{
     run_record_json, Callback, ClaimReply, Claimed, FinishedRun, Owner, RunOutcome, RunRecord,
-    StartOutcome,
+    StartOutcome, StartSection,
 };
 pub use idempotency::IdemBegin;
 pub use life_changes::{CancelOutcome, Loaded};

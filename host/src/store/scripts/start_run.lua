@@ -26,23 +26,23 @@
 -- - a queue task whose first attempt has not started by its `expires_at_ms` (its ETA plus
 --   `expire_after`) never starts: it is dropped ('dropped') into its queue's failed list
 --   as Expired, with the reason recorded. Retries of a task that started are not bound.
--- KEYS: 1 held, 2 runs, 3 owner, 4 inflight
--- ARGV: 1 prefix, 2 host, 3 gen, 4 birth_delay_limit_ms, 5 runs stream max length,
---       then per Plan: plan_id, claim, attempt (a Life's Plan: the one this run is, from
---       its record), resource_id (a Life's Plan: '' = none)
--- Returns per Plan: 'run:{attempts}' | 'lost' | 'busy' | 'late:{ms}' | 'deferred' |
---   'dropped' | 'expired'. A Life's birth later than birth_delay_limit_time is not
---   started ('late'): its host records it Invalidated (finish_life), still under its claim.
-local host, limit = ARGV[2], tonumber(ARGV[4])
+-- On a standalone Redis one call carries the Plans of many shards, a section each (a
+-- shard's own calls carried a few Plans each under load, and each call costs Redis more
+-- than its Plans' share of the work); on a Redis Cluster a call is one shard's.
+-- KEYS: 1 the first section's inflight (it names the node to call)
+-- ARGV: 1 '' (each section brings its shard's prefix), 2 host, 3 birth_delay_limit_ms,
+--       4 runs stream max length, then per section: the shard's prefix, the generation
+--       of this host's lease on it, the count of its Plans, and per Plan: plan_id,
+--       claim, attempt (a Life's Plan: the one this run is, from its record),
+--       resource_id (a Life's Plan: '' = none)
+-- Returns per Plan, in the order given: 'run:{attempts}' | 'lost' | 'busy' | 'late:{ms}' |
+--   'deferred' | 'dropped' | 'expired'. A Life's birth later than birth_delay_limit_time
+--   is not started ('late'): its host records it Invalidated (finish_life), still under
+--   its claim.
+local host, limit, runs_max_len = ARGV[2], tonumber(ARGV[3]), ARGV[4]
 local now_ms = redis_now_ms()
 local now_text = int_arg(now_ms)
 local out = {}
-
-local owned = ownership(host, ARGV[3])
-if owned ~= 'ok' then
-  for _ = 6, #ARGV, 4 do out[#out + 1] = owned end
-  return out
-end
 
 -- 0 when the task may run now (its tokens taken and its run counted); WAIT_IN_QUEUE when
 -- it must wait for the queue (paused, or max_concurrent reached); WAIT_FOR_KEY when its
@@ -165,7 +165,7 @@ local function drop_expired_task(plan_id, pk, pn, f)
     pn.failed_at_ms, now_ms)
   redis.call('ZREM', qk .. ':tasks', task)
   redis.call('ZADD', qk .. ':failed', now_ms, task)
-  add_run(KEYS[2], ARGV[5], 'queue', queue, 'task', task, 'outcome', 'expired',
+  add_run(PREFIX .. 'runs', runs_max_len, 'queue', queue, 'task', task, 'outcome', 'expired',
     'record', record)
 end
 
@@ -221,48 +221,68 @@ local function start_plan(plan_id, claim)
   return result
 end
 
--- A Life's Plans: their claims are in `inflight`, read for the whole batch at once.
+-- A Life's Plans: their claims are in `inflight`, read for the whole section at once.
 local function of_life(plan_id)
   local tail = string.sub(plan_id, -6)
   return tail == ':birth' or tail == ':death'
 end
-local life_ids = {}
-for i = 6, #ARGV, 4 do
-  if of_life(ARGV[i]) then life_ids[#life_ids + 1] = ARGV[i] end
-end
-local life_inflight = {}
-if #life_ids > 0 then
-  local values = redis.call('HMGET', KEYS[4], unpack(life_ids))
-  for i, id in ipairs(life_ids) do life_inflight[id] = values[i] end
-end
-local started = {}
 
-local function start_life(plan_id, claim, attempt, rid)
-  local v = life_inflight[plan_id]
-  if not v then return 'lost' end
-  local f_claim, fire_ms, f_host, started_ms, f_attempt = inflight_fields(v)
-  if f_claim ~= claim or f_host ~= host then return 'lost' end
-  -- A start retried after its reply was lost gets the applied answer.
-  if started_ms then return 'run:' .. f_attempt end
-  if string.sub(plan_id, -6) == ':birth' and now_ms - fire_ms > limit then
-    return 'late:' .. (now_ms - fire_ms)
+-- The section of N Plans whose arguments begin at ARGV[A], in the current shard, which
+-- this host works under generation GEN.
+local function start_section(a, n, gen)
+  local last = a + (n - 1) * 4
+  local owned = ownership(host, gen)
+  if owned ~= 'ok' then
+    for _ = 1, n do out[#out + 1] = owned end
+    return
   end
-  if rid ~= '' then
-    local head = redis.call('ZRANGE', order_key(rid), 0, 0)[1]
-    if head and head ~= plan_id then return 'busy' end
+  local inflight_key = PREFIX .. 'inflight'
+  local life_ids = {}
+  for i = a, last, 4 do
+    if of_life(ARGV[i]) then life_ids[#life_ids + 1] = ARGV[i] end
   end
-  started[#started + 1] = plan_id
-  started[#started + 1] = v .. '|' .. now_text .. '|' .. attempt
-  return 'run:' .. attempt
+  local life_inflight = {}
+  if #life_ids > 0 then
+    local values = redis.call('HMGET', inflight_key, unpack(life_ids))
+    for i, id in ipairs(life_ids) do life_inflight[id] = values[i] end
+  end
+  local started = {}
+
+  local function start_life(plan_id, claim, attempt, rid)
+    local v = life_inflight[plan_id]
+    if not v then return 'lost' end
+    local f_claim, fire_ms, f_host, started_ms, f_attempt = inflight_fields(v)
+    if f_claim ~= claim or f_host ~= host then return 'lost' end
+    -- A start retried after its reply was lost gets the applied answer.
+    if started_ms then return 'run:' .. f_attempt end
+    if string.sub(plan_id, -6) == ':birth' and now_ms - fire_ms > limit then
+      return 'late:' .. (now_ms - fire_ms)
+    end
+    if rid ~= '' then
+      local head = redis.call('ZRANGE', order_key(rid), 0, 0)[1]
+      if head and head ~= plan_id then return 'busy' end
+    end
+    started[#started + 1] = plan_id
+    started[#started + 1] = v .. '|' .. now_text .. '|' .. attempt
+    return 'run:' .. attempt
+  end
+
+  for i = a, last, 4 do
+    local plan_id, claim = ARGV[i], ARGV[i + 1]
+    if of_life(plan_id) then
+      out[#out + 1] = start_life(plan_id, claim, ARGV[i + 2], ARGV[i + 3])
+    else
+      out[#out + 1] = start_plan(plan_id, claim)
+    end
+  end
+  if #started > 0 then redis.call('HSET', inflight_key, unpack(started)) end
 end
 
-for i = 6, #ARGV, 4 do
-  local plan_id, claim = ARGV[i], ARGV[i + 1]
-  if of_life(plan_id) then
-    out[#out + 1] = start_life(plan_id, claim, ARGV[i + 2], ARGV[i + 3])
-  else
-    out[#out + 1] = start_plan(plan_id, claim)
-  end
+local a = 5
+while a <= #ARGV do
+  enter_shard(ARGV[a])
+  local n = tonumber(ARGV[a + 2])
+  if n > 0 then start_section(a + 3, n, ARGV[a + 1]) end
+  a = a + 3 + n * 4
 end
-if #started > 0 then redis.call('HSET', KEYS[4], unpack(started)) end
 return out
