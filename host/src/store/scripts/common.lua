@@ -88,10 +88,15 @@ end
 
 -- Redis's own clock, in ms: the one clock every host agrees on. Scripts that judge
 -- lateness or leases use it, never the caller's (a host frozen and resumed has a stale
--- idea of now).
+-- idea of now). Read once a call: a call runs whole before any other command, and a
+-- call of many shards (start_run's sections) judges each by the same now.
+local now_ms_of_call = nil
 local function redis_now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  if not now_ms_of_call then
+    local t = redis.call('TIME')
+    now_ms_of_call = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_ms_of_call
 end
 
 -- Whether HOST works this shard under generation GEN: it owns the shard's lease
