@@ -382,21 +382,16 @@ async fn the_sweep_takes_a_swept_lifes_pointer_with_it() {
         .unwrap();
 }
 
-/// On a standalone Redis the runs of many shards are recorded in one call of
-/// `finish_life` (a section a shard), and each run is judged and answered as its own:
-/// one whose claim is not this host's any more is refused in the middle of the others,
-/// and the rest are written, each in its own shard, with its shard's census.
-#[tokio::test]
-async fn runs_of_many_shards_finish_in_one_call_each_answered_as_its_own() {
-    let redis = Redis::start();
-    let store = redis.store_with(Some(4)).await.unwrap();
+/// Books 24 point Lives named `{prefix}00`.. in 4 shards, takes every shard over as
+/// "h1" and claims its Plans: each shard, the generation taken, and its Plans.
+async fn claim_in_four_shards(store: &Store, prefix: &str) -> Vec<(u32, u64, Vec<Claimed>)> {
     let at = now_ms() + 5_000;
     for i in 0..24 {
-        book(&store, &life(&format!("l{i:02}"), None, at + i))
+        book(store, &life(&format!("{prefix}{i:02}"), None, at + i))
             .await
             .unwrap();
     }
-    let mut runs = Vec::new();
+    let mut claimed = Vec::new();
     for shard in 0..4 {
         let Takeover::Taken { gen, .. } = store.shard_takeover(shard, "h1", 30_000).await.unwrap()
         else {
@@ -410,6 +405,21 @@ async fn runs_of_many_shards_finish_in_one_call_each_answered_as_its_own() {
             panic!("shard {shard}: claim refused");
         };
         assert!(!plans.is_empty(), "shard {shard} got no Lives");
+        claimed.push((shard, gen, plans));
+    }
+    claimed
+}
+
+/// On a standalone Redis the runs of many shards are recorded in one call of
+/// `finish_life` (a section a shard), and each run is judged and answered as its own:
+/// one whose claim is not this host's any more is refused in the middle of the others,
+/// and the rest are written, each in its own shard, with its shard's census.
+#[tokio::test]
+async fn runs_of_many_shards_finish_in_one_call_each_answered_as_its_own() {
+    let redis = Redis::start();
+    let store = redis.store_with(Some(4)).await.unwrap();
+    let mut runs = Vec::new();
+    for (shard, gen, plans) in claim_in_four_shards(&store, "l").await {
         let refs: Vec<&Claimed> = plans.iter().collect();
         let started = store
             .start_runs(shard, "h1", gen, &refs, 180_000)
@@ -579,28 +589,7 @@ async fn bookings_in_time_order_fill_their_leaves_and_others_split_them_in_halve
 async fn plans_of_many_shards_start_in_one_call_each_fenced_by_its_own_lease() {
     let redis = Redis::start();
     let store = redis.store_with(Some(4)).await.unwrap();
-    let at = now_ms() + 5_000;
-    for i in 0..24 {
-        book(&store, &life(&format!("s{i:02}"), None, at + i))
-            .await
-            .unwrap();
-    }
-    let mut claimed = Vec::new();
-    for shard in 0..4 {
-        let Takeover::Taken { gen, .. } = store.shard_takeover(shard, "h1", 30_000).await.unwrap()
-        else {
-            panic!("shard {shard} is held");
-        };
-        let ClaimReply::Claimed { plans, .. } = store
-            .claim(shard, "h1", gen, now_ms() + 60_000, 1000, now_ms(), 0)
-            .await
-            .unwrap()
-        else {
-            panic!("shard {shard}: claim refused");
-        };
-        assert!(!plans.is_empty(), "shard {shard} got no Lives");
-        claimed.push((shard, gen, plans));
-    }
+    let claimed = claim_in_four_shards(&store, "s").await;
     let stale = 2;
     let sections: Vec<StartSection<'_>> = claimed
         .iter()
