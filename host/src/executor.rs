@@ -233,7 +233,7 @@ pub(crate) struct Finished {
 }
 
 impl Engine {
-    /// Fences a batch of fired Plans in one `start_run` call and spawns the runs that may
+    /// Fences a batch of fired Plans in `start_run` calls and spawns the runs that may
     /// go. A run holds its worker slot while its action runs (the slots bound concurrency
     /// towards targets); recording the outcome happens after, in the finisher's batches.
     pub(crate) async fn start_batch(
@@ -253,43 +253,52 @@ impl Engine {
             return;
         }
         let now_ms = self.clock.now_ms();
-        let limit_ms = self.config.birth_delay_limit_time.as_millis() as i64;
-        if self.store.is_cluster() {
-            // One start_run call per shard (a call goes to one node), all at once.
-            let starts = ready.into_iter().map(|group| async move {
-                let answer = self
-                    .store
-                    .start_sections(&self.host_id, &[group.section()], limit_ms)
-                    .await
-                    .map(|mut answers| answers.pop().unwrap_or_default());
-                hold_start_answer().await;
-                self.after_start(group, answer, now_ms, finished);
-            });
-            futures_util::future::join_all(starts).await;
+        // One start_run call per shard on a Redis Cluster (a call goes to one node), all
+        // at once; one call for every shard's Plans on a standalone Redis, which holds
+        // them all (a shard's own calls carried a few Plans each: BENCHMARKS.md,
+        // session 24).
+        let calls: Vec<Vec<StartGroup>> = if self.store.is_cluster() {
+            ready.into_iter().map(|group| vec![group]).collect()
         } else {
-            // One call for every shard's Plans: a standalone Redis holds them all, and a
-            // shard's own calls carried a few Plans each (BENCHMARKS.md, session 24).
-            let sections: Vec<StartSection<'_>> = ready.iter().map(StartGroup::section).collect();
-            let answers = self
-                .store
-                .start_sections(&self.host_id, &sections, limit_ms)
-                .await;
-            drop(sections);
-            hold_start_answer().await;
-            match answers {
-                Ok(answers) if answers.len() == ready.len() => {
-                    for (group, answer) in ready.into_iter().zip(answers) {
-                        self.after_start(group, Ok(answer), now_ms, finished);
-                    }
+            vec![ready]
+        };
+        let starts = calls
+            .into_iter()
+            .map(|groups| self.start_call(groups, now_ms, finished));
+        futures_util::future::join_all(starts).await;
+    }
+
+    /// One call of `start_run` for `groups`, a section each, and what their answers lead
+    /// to. A call that fails puts every Plan of it off: start_run answers a retry for a
+    /// Plan it already started as it did the first time, so trying again is safe.
+    async fn start_call(
+        self: &Arc<Self>,
+        groups: Vec<StartGroup>,
+        now_ms: i64,
+        finished: &mpsc::UnboundedSender<Finished>,
+    ) {
+        let sections: Vec<StartSection<'_>> = groups.iter().map(StartGroup::section).collect();
+        let answers = self
+            .store
+            .start_sections(
+                &self.host_id,
+                &sections,
+                self.config.birth_delay_limit_time.as_millis() as i64,
+            )
+            .await;
+        drop(sections);
+        hold_start_answer().await;
+        match answers {
+            Ok(answers) => {
+                for (group, answer) in groups.into_iter().zip(answers) {
+                    self.after_start(group, Some(answer), now_ms, finished);
                 }
-                other => {
-                    let plans: usize = ready.iter().map(|g| g.batch.len()).sum();
-                    if let Err(e) = other {
-                        tracing::warn!(error = %e, plans, "cannot start runs; trying again");
-                    }
-                    for group in ready {
-                        self.after_start(group, Ok(Vec::new()), now_ms, finished);
-                    }
+            }
+            Err(e) => {
+                let plans: usize = groups.iter().map(|g| g.batch.len()).sum();
+                tracing::warn!(error = %e, plans, "cannot start runs; trying again");
+                for group in groups {
+                    self.after_start(group, None, now_ms, finished);
                 }
             }
         }
@@ -345,13 +354,11 @@ impl Engine {
     }
 
     /// Acts on start_run's answers for one shard's Plans: runs those that start, puts
-    /// off or drops the others. Answers that do not match the Plans (the call failed)
-    /// put every Plan off: start_run answers a retry for a Plan it already started as
-    /// it did the first time, so trying again is safe.
+    /// off or drops the others. No answers (the call failed) put every Plan off.
     fn after_start(
         self: &Arc<Self>,
         group: StartGroup,
-        outcomes: redis::RedisResult<Vec<StartOutcome>>,
+        outcomes: Option<Vec<StartOutcome>>,
         now_ms: i64,
         finished: &mpsc::UnboundedSender<Finished>,
     ) {
@@ -362,17 +369,11 @@ impl Engine {
             lease,
             ..
         } = group;
-        let outcomes = match outcomes {
-            Ok(o) if o.len() == batch.len() => o,
-            other => {
-                if let Err(e) = other {
-                    tracing::warn!(error = %e, plans = batch.len(), "cannot start runs; trying again");
-                }
-                for (plan, _) in batch {
-                    self.put_off(plan, now_ms + STORE_ERROR_RETRY_MS);
-                }
-                return;
+        let Some(outcomes) = outcomes.filter(|o| o.len() == batch.len()) else {
+            for (plan, _) in batch {
+                self.put_off(plan, now_ms + STORE_ERROR_RETRY_MS);
             }
+            return;
         };
         let mut deferred = false;
         for (((plan, slot), action), outcome) in batch.into_iter().zip(actions).zip(outcomes) {
