@@ -17,7 +17,7 @@ use super::lifecycle::{self, Ended};
 use super::outcome::Outcome;
 use super::record::{LifeRecord, RunEntry};
 use super::Store;
-use crate::model::{PlanKind, RunOpts};
+use crate::model::{LifeState, PlanKind, RunOpts};
 
 /// How many times a batch's runs whose Lives changed meanwhile are built again.
 const FINISH_TRIES: usize = 5;
@@ -474,7 +474,7 @@ impl Store {
         Ok(order.into_iter().zip(reply).collect())
     }
 
-    /// One run's 16 arguments of `finish_life.lua`.
+    /// One run's arguments of `finish_life.lua`: four, and the groups its flags name.
     fn finish_args(
         &self,
         invocation: &mut redis::ScriptInvocation<'_>,
@@ -533,50 +533,68 @@ impl Store {
             format!("{host}#{}", run.plan.claim),
             now_ms,
         );
-        let (from, to) = change
-            .census
-            .map(|(f, t)| (f.as_str(), t.as_str()))
-            .unwrap_or(("", ""));
-        let (due_plan, due_ms) = change
-            .due
-            .clone()
-            .map(|(p, ms)| (p, ms.to_string()))
-            .unwrap_or_default();
+        let census = change.census.map_or(['-', '-'], |(from, to)| {
+            [census_code(from), census_code(to)]
+        });
+        let finished = match (change.finished, Outcome::of(&change.record)) {
+            (true, Some((o, _))) if o.is_failure() => 'F',
+            (true, _) => '1',
+            _ => '0',
+        };
+        let mut flags = String::from_iter([finished, census[0], census[1]]);
+        let mut extras: Vec<String> = Vec::new();
+        if !expect.is_empty() {
+            flags.push('x');
+            extras.push(expect.to_string());
+        }
+        if let Some((plan, ms)) = &change.due {
+            flags.push('q');
+            extras.extend([plan.clone(), ms.to_string()]);
+        }
+        if !change.order_leave.is_empty() {
+            flags.push('o');
+            extras.extend([
+                change.order_leave.join(" "),
+                change.record.resource_id.clone().unwrap_or_default(),
+            ]);
+        }
         let callback = match (&run.outcome, &run.callback) {
             (RunOutcome::Retry { .. }, _) | (_, None) => None,
-            (_, Some(c)) => c
-                .record(&run.plan.plan_id, now_ms)
-                .map(|(rec, plugins)| (c.life_uuid.clone(), rec.to_json(), plugins.join(" "))),
+            (_, Some(c)) => c.record(&run.plan.plan_id, now_ms),
         };
-        let (cb_uuid, cb_record, cb_plugins) = callback.unwrap_or_default();
-        let stream = if self.runs_max_len > 0 {
-            run_record_json(host, kind.as_str(), r).to_string()
-        } else {
-            String::new()
-        };
+        if let (Some((rec, plugins)), Some(c)) = (callback, &run.callback) {
+            flags.push('c');
+            extras.extend([c.life_uuid.clone(), rec.to_json(), plugins.join(" ")]);
+        }
+        if self.runs_max_len > 0 {
+            flags.push('s');
+            extras.extend([
+                run_record_json(host, kind.as_str(), r).to_string(),
+                r.outcome.to_string(),
+            ]);
+        }
         invocation
             .arg(&run.plan.plan_id)
             .arg(&run.plan.claim)
-            .arg(expect)
             .arg(change.record.to_json())
-            .arg(from)
-            .arg(to)
-            .arg(due_plan)
-            .arg(due_ms)
-            .arg(change.order_leave.join(" "))
-            .arg(change.record.resource_id.as_deref().unwrap_or(""))
-            .arg(match (change.finished, Outcome::of(&change.record)) {
-                (true, Some((o, _))) if o.is_failure() => "F",
-                (true, _) => "1",
-                _ => "0",
-            })
-            .arg(cb_uuid)
-            .arg(cb_record)
-            .arg(cb_plugins)
-            .arg(stream)
-            .arg(r.outcome);
+            .arg(flags);
+        for extra in extras {
+            invocation.arg(extra);
+        }
     }
 }
+
+/// A Life state's one-letter code in `finish_life.lua`'s flags (its CENSUS_CODES).
+fn census_code(state: LifeState) -> char {
+    match state {
+        LifeState::Inexistent => 'I',
+        LifeState::Alive => 'A',
+        LifeState::Dead => 'D',
+        LifeState::Stillbirth => 'S',
+        LifeState::Invalidated => 'V',
+    }
+}
+
 /// A run as written to history: the same JSON for Lives, timers and tasks.
 pub fn run_record_json(host: &str, plan: &str, r: &RunRecord) -> Value {
     let mut record = json!({
@@ -604,4 +622,34 @@ pub fn run_record_json(host: &str, plan: &str, r: &RunRecord) -> Value {
         record["retry_after_ms"] = Value::from(ms);
     }
     record
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The host's census codes are the ones `finish_life.lua` reads back (CENSUS_CODES):
+    /// a code that named another state would count every finish in the wrong state.
+    #[test]
+    fn census_codes_name_the_same_states_in_the_script() {
+        let script = include_str!("scripts/finish_life.lua");
+        let table = &script[script.find("local CENSUS_CODES = {").expect("the table")..];
+        let table = &table[..table.find('}').expect("its end")];
+        let states = [
+            LifeState::Inexistent,
+            LifeState::Alive,
+            LifeState::Dead,
+            LifeState::Stillbirth,
+            LifeState::Invalidated,
+        ];
+        let mut codes: Vec<char> = states.iter().map(|s| census_code(*s)).collect();
+        for state in states {
+            let entry = format!("{} = '{}'", census_code(state), state.as_str());
+            assert!(table.contains(&entry), "{entry} not in {table}");
+        }
+        codes.sort_unstable();
+        codes.dedup();
+        assert_eq!(codes.len(), states.len(), "two states share a code");
+        assert!(!codes.contains(&'-'), "'-' stands for no state");
+    }
 }
