@@ -237,8 +237,9 @@ impl Store {
         task_limit: usize,
     ) -> redis::RedisResult<ClaimReply> {
         let k = self.shard(shard);
-        // A Life's Plan's row ends at its record: the rest is in it.
-        let (word, rows, next_task): (String, Vec<Vec<String>>, String) = self
+        // A Life's Plans come as one flat list, four values each (a nested row costs
+        // Redis more to send); timers' and tasks' Plans as rows of seven.
+        let (word, lives, rows, next_task): (String, Vec<String>, Vec<Vec<String>>, String) = self
             .scripts
             .claim
             .key(k.due())
@@ -262,61 +263,57 @@ impl Store {
             "expired" => return Ok(ClaimReply::Expired),
             _ => {}
         }
-        let plans = rows
-            .into_iter()
-            .filter_map(|row| {
-                let mut row = row.into_iter();
-                let mut next = || row.next().unwrap_or_default();
-                let (plan_id, fire, claim, payload) = (next(), next(), next(), next());
-                let fire_at_ms = fire.parse::<f64>().map(|f| f as i64).unwrap_or(0);
-                let life_kind = match plan_id.rsplit_once(':') {
-                    Some((_, "birth")) => Some(false),
-                    Some((_, "death")) => Some(true),
-                    _ => None,
-                };
-                if let Some(death) = life_kind {
-                    // A Life's Plan: fired from its record.
-                    let record = match LifeRecord::from_json(&payload) {
-                        Ok(record) => record,
-                        Err(e) => {
-                            tracing::error!(plan = %plan_id, error = %e, "a claimed Life's record is unreadable; its Plan is left held for the audit");
-                            return None;
-                        }
-                    };
-                    let action = record
-                        .action(death)
-                        .map(|a| serde_json::to_string(a).expect("actions serialize"))
-                        .unwrap_or_default();
-                    return Some(Claimed {
-                        plan_id,
-                        shard,
-                        fire_at_ms,
-                        claim,
-                        action,
-                        attempts: record.plan(death).attempts,
-                        resource_id: record.resource_id.clone(),
-                        opts: RunOpts::default(),
-                        record: Some(Arc::new(record)),
-                    });
+        let mut plans: Vec<Claimed> = Vec::with_capacity(lives.len() / 4 + rows.len());
+        let mut lives = lives.into_iter();
+        while let (Some(plan_id), Some(fire), Some(claim), Some(payload)) =
+            (lives.next(), lives.next(), lives.next(), lives.next())
+        {
+            // A Life's Plan: fired from its record.
+            let death = plan_id.ends_with(":death");
+            let record = match LifeRecord::from_json(&payload) {
+                Ok(record) => record,
+                Err(e) => {
+                    tracing::error!(plan = %plan_id, error = %e, "a claimed Life's record is unreadable; its Plan is left held for the audit");
+                    continue;
                 }
-                let (attempts, rid, opts) = (next(), next(), next());
-                Some(Claimed {
-                    plan_id,
-                    shard,
-                    fire_at_ms,
-                    claim,
-                    action: payload,
-                    attempts: attempts.parse().unwrap_or(0),
-                    resource_id: (!rid.is_empty()).then_some(rid),
-                    opts: if opts.is_empty() {
-                        RunOpts::default()
-                    } else {
-                        serde_json::from_str(&opts).unwrap_or_default()
-                    },
-                    record: None,
-                })
-            })
-            .collect();
+            };
+            let action = record
+                .action(death)
+                .map(|a| serde_json::to_string(a).expect("actions serialize"))
+                .unwrap_or_default();
+            plans.push(Claimed {
+                plan_id,
+                shard,
+                fire_at_ms: parse_ms(&fire),
+                claim,
+                action,
+                attempts: record.plan(death).attempts,
+                resource_id: record.resource_id.clone(),
+                opts: RunOpts::default(),
+                record: Some(Arc::new(record)),
+            });
+        }
+        plans.extend(rows.into_iter().map(|row| {
+            let mut row = row.into_iter();
+            let mut next = || row.next().unwrap_or_default();
+            let (plan_id, fire, claim, payload) = (next(), next(), next(), next());
+            let (attempts, rid, opts) = (next(), next(), next());
+            Claimed {
+                plan_id,
+                shard,
+                fire_at_ms: parse_ms(&fire),
+                claim,
+                action: payload,
+                attempts: attempts.parse().unwrap_or(0),
+                resource_id: (!rid.is_empty()).then_some(rid),
+                opts: if opts.is_empty() {
+                    RunOpts::default()
+                } else {
+                    serde_json::from_str(&opts).unwrap_or_default()
+                },
+                record: None,
+            }
+        }));
         Ok(ClaimReply::Claimed {
             plans,
             next_task_ms: next_task.parse::<f64>().ok().map(|f| f as i64),
@@ -582,6 +579,11 @@ impl Store {
             invocation.arg(extra);
         }
     }
+}
+
+/// A score as Redis sends it (it may have a fraction), in whole ms.
+fn parse_ms(score: &str) -> i64 {
+    score.parse::<f64>().map(|f| f as i64).unwrap_or(0)
 }
 
 /// A Life state's one-letter code in `finish_life.lua`'s flags (its CENSUS_CODES).

@@ -14,16 +14,17 @@
 -- earlier claim can never pass start_run's fence.
 -- KEYS: 1 due (tree), 2 held, 3 owner, 4 due_tasks, 5 claim_seq, 6 timers_due, 7 inflight
 -- ARGV: 1 prefix, 2 host, 3 gen, 4 until_ms, 5 limit, 6 tasks_until_ms, 7 task limit
--- Returns {'ok', rows, next task ms ('' = none)} with rows of {plan_id, fire_at_ms,
---   claim number, payload, attempts, resource_id, opts JSON}: for a Life's Plan the
---   payload is the Life's record, and the row ends there (the record says the rest);
---   for a timer or a task its action; or {'lost', {}, ''} / {'expired', {}, ''}. The next
---   task is the first one left in due_tasks: the owner sleeps until it comes within
---   TASKS_UNTIL's reach.
+-- Returns {'ok', lives, rows, next task ms ('' = none)}: LIVES a flat list of four
+--   values per Life's Plan, plan_id, fire_at_ms, claim number and the Life's record (the
+--   record says the rest; a nested row per Plan costs Redis twice as much to send),
+--   ROWS one row per timer's or task's Plan, {plan_id, fire_at_ms, claim number, action,
+--   attempts, resource_id, opts JSON}; or {'lost', {}, {}, ''} / {'expired', {}, {}, ''}.
+--   The next task is the first one left in due_tasks: the owner sleeps until it comes
+--   within TASKS_UNTIL's reach.
 local host = ARGV[2]
 local owned = ownership(host, ARGV[3])
-if owned ~= 'ok' then return {owned, {}, ''} end
-local out, held, inflight = {}, {}, {}
+if owned ~= 'ok' then return {owned, {}, {}, ''} end
+local lives_out, out, held, inflight = {}, {}, {}, {}
 local limit = tonumber(ARGV[5])
 local seq = nil
 local function next_claim()
@@ -42,7 +43,11 @@ for i = 1, #lives, 2 do
     local claim = next_claim()
     inflight[#inflight + 1] = id
     inflight[#inflight + 1] = claim .. '|' .. fire_ms .. '|' .. host
-    out[#out + 1] = {id, fire_ms, claim, rec}
+    local n = #lives_out
+    lives_out[n + 1] = id
+    lives_out[n + 2] = fire_ms
+    lives_out[n + 3] = claim
+    lives_out[n + 4] = rec
   end
 end
 if #inflight > 0 then redis.call('HSET', KEYS[7], unpack(inflight)) end
@@ -67,8 +72,9 @@ local function take(set, until_ms, n)
   -- The set's first members by rank, as read.
   redis.call('ZREMRANGEBYRANK', set, '0', int_arg(#items / 2 - 1))
 end
-take(KEYS[6], ARGV[4], limit - #out)
-take(KEYS[4], ARGV[6], math.min(limit - #out, tonumber(ARGV[7])))
+local lives_n = #lives_out / 4
+take(KEYS[6], ARGV[4], limit - lives_n - #out)
+take(KEYS[4], ARGV[6], math.min(limit - lives_n - #out, tonumber(ARGV[7])))
 if #held > 0 then redis.call('ZADD', KEYS[2], unpack(held)) end
 local next_task = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-return {'ok', out, next_task[2] or ''}
+return {'ok', lives_out, out, next_task[2] or ''}
