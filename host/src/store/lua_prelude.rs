@@ -94,6 +94,15 @@ macro_rules! scripts {
         }
 
         impl Scripts {
+            /// Each script's name and SHA-1: what `EVALSHA`, `SLOWLOG` and `MONITOR` show
+            /// of a call.
+            pub(crate) fn hashes(&self) -> Vec<(&'static str, String)> {
+                vec![
+                    $((stringify!($name), self.$name.get_hash().to_string()),)*
+                    ("migrate", self.migrate.get_hash().to_string()),
+                ]
+            }
+
             pub(super) fn load() -> Self {
                 Scripts {
                     $($name: script(include_str!(concat!("scripts/", stringify!($name), ".lua"))),)*
@@ -259,5 +268,21 @@ end})
             "{}",
             &text[..80]
         );
+    }
+
+    #[test]
+    fn every_script_is_named_by_its_own_hash() {
+        let names = crate::store::script_names_by_hash();
+        let scripts = Scripts::load();
+        assert_eq!(
+            names.len(),
+            scripts.hashes().len(),
+            "two scripts share a hash"
+        );
+        assert_eq!(
+            names.get(scripts.finish_life.get_hash()),
+            Some(&"finish_life")
+        );
+        assert_eq!(names.get(scripts.claim.get_hash()), Some(&"claim"));
     }
 }

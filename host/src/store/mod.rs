@@ -73,12 +73,24 @@ pub use shards::{Placement, ShardKeys};
 pub use stats::{ClusterStats, LIFE_STATES, PLUGIN_USERS_PAGE};
 pub use timers::{NextRun, TimerFinish, TimerPut, TimerSlot, TIMER_RUNS_KEPT};
 
+use std::collections::HashMap;
 use std::sync::{Arc, OnceLock};
 
 use chrono::{SecondsFormat, TimeZone};
 use chrono_tz::Tz;
 use lua_prelude::script_with;
 pub(crate) use lua_prelude::Scripts;
+
+/// The name of each of this build's scripts by its SHA-1, the hash `EVALSHA` calls it by
+/// (and `SLOWLOG GET` and `MONITOR` show): for a benchmark or an operator that reads
+/// Redis's own view of the calls.
+pub fn script_names_by_hash() -> HashMap<String, &'static str> {
+    Scripts::load()
+        .hashes()
+        .into_iter()
+        .map(|(name, hash)| (hash, name))
+        .collect()
+}
 
 use crate::error::ApiError;
 
@@ -380,7 +392,7 @@ async fn open_layout(
     requested: Option<u32>,
 ) -> Result<u32, OpenError> {
     let mut conn = conn.clone();
-    let meta: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+    let meta: HashMap<String, String> = redis::cmd("HGETALL")
         .arg(keys.meta())
         .query_async(&mut conn)
         .await?;

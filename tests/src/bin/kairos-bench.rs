@@ -7,7 +7,7 @@
 //! `firing` (lateness at 1,000 fires/s, highest sustained rate with p99 < 50 ms, 100,000
 //! Plans due within one second) and `queue` (tasks added in lists of 100, then delivered
 //! by a queue with no rate or concurrency limit) and `cpu` (Redis CPU per fire: claim,
-//! start and finish of 100,000 Plans, booking excluded, from `INFO cpu` and
+//! start and finish of 100,000 Plans, booking excluded, from `INFO cpu`, `SLOWLOG` (by script) and
 //! `INFO commandstats`) and `idempotency` (plain bookings, with an `Idempotency-Key`, and
 //! debounced, alternated) and `memory` (Redis bytes per pending item and per finished
 //! Life, then `memory-shapes`: what other key shapes would cost, on their own too;
@@ -710,11 +710,17 @@ async fn bench_cpu() {
         .query_async(&mut conn)
         .await
         .unwrap();
+    let mut by_script = ScriptTimes::start(&mut conn).await;
     let span = CpuSpan::start(&redis, &host).await;
     let deadline = Instant::now() + Duration::from_secs(120);
+    let mut polls = 0u32;
     while sink.arrivals.lock().unwrap().len() < count {
         assert!(Instant::now() < deadline, "not every Plan fired");
         tokio::time::sleep(Duration::from_millis(20)).await;
+        polls += 1;
+        if polls.is_multiple_of(25) {
+            by_script.collect(&mut conn).await;
+        }
     }
     let last = sink
         .arrivals
@@ -727,6 +733,7 @@ async fn bench_cpu() {
     // The last finish batches are written just after the last call.
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let (per_fire, host_per_fire) = span.per(&redis, count).await;
+    by_script.collect(&mut conn).await;
     let rows = command_stats(&mut conn).await;
     let scripts: u64 = rows
         .iter()
@@ -766,11 +773,118 @@ async fn bench_cpu() {
         })
         .collect();
     println!("| commands by time (commandstats) | {} |", top.join("; "));
+    let evalsha_usec: u64 = rows.iter().filter(|r| r.0 == "evalsha").map(|r| r.2).sum();
+    println!(
+        "| `EVALSHA` time per fire by script (SLOWLOG, calls of {} µs or more: {:.0} % of `EVALSHA`'s time) | {} |",
+        ScriptTimes::FROM_US,
+        by_script.total_usec() as f64 * 100.0 / evalsha_usec.max(1) as f64,
+        by_script.per(count).join("; ")
+    );
     println!(
         "| ceiling: `redis-benchmark -t zadd -c 64` on the same server, after the above | {:.0} ZADD/s |",
         redis_benchmark(redis.port, 1)
     );
     println!();
+}
+
+/// Redis's time in each kairos script over a span, from its slow log: every call that
+/// took `FROM_US` or more is logged, with the script's SHA-1, and read off every second
+/// (a read and a reset in one `MULTI`, so that no call is counted twice or lost between
+/// them). Calls shorter than that (a claim of a shard with nothing due) are left out; the
+/// report says how much of `EVALSHA`'s time the logged ones cover.
+struct ScriptTimes {
+    names: std::collections::HashMap<String, &'static str>,
+    /// Script name (or the start of its hash, for a script of another build) -> (calls,
+    /// µs).
+    times: std::collections::BTreeMap<String, (u64, u64)>,
+}
+
+impl ScriptTimes {
+    const FROM_US: u64 = 10;
+
+    async fn start(conn: &mut redis::aio::MultiplexedConnection) -> ScriptTimes {
+        let _: () = redis::pipe()
+            .cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-log-slower-than")
+            .arg(Self::FROM_US)
+            .ignore()
+            .cmd("CONFIG")
+            .arg("SET")
+            .arg("slowlog-max-len")
+            .arg(100_000)
+            .ignore()
+            .cmd("SLOWLOG")
+            .arg("RESET")
+            .ignore()
+            .query_async(conn)
+            .await
+            .unwrap();
+        ScriptTimes {
+            names: kairos::store::script_names_by_hash(),
+            times: Default::default(),
+        }
+    }
+
+    /// Adds the calls logged since the last read.
+    async fn collect(&mut self, conn: &mut redis::aio::MultiplexedConnection) {
+        let (entries,): (Vec<redis::Value>,) = redis::pipe()
+            .atomic()
+            .cmd("SLOWLOG")
+            .arg("GET")
+            .arg(100_000)
+            .cmd("SLOWLOG")
+            .arg("RESET")
+            .ignore()
+            .query_async(conn)
+            .await
+            .unwrap();
+        for entry in entries {
+            // [id, time, µs, [command, args...], client, name]
+            let redis::Value::Array(fields) = entry else {
+                continue;
+            };
+            let (Some(redis::Value::Int(usec)), Some(redis::Value::Array(args))) =
+                (fields.get(2), fields.get(3))
+            else {
+                continue;
+            };
+            let text = |v: Option<&redis::Value>| match v {
+                Some(redis::Value::BulkString(b)) => String::from_utf8_lossy(b).to_string(),
+                _ => String::new(),
+            };
+            if !text(args.first()).eq_ignore_ascii_case("evalsha") {
+                continue;
+            }
+            let sha = text(args.get(1));
+            let name = match self.names.get(&sha) {
+                Some(name) => name.to_string(),
+                // Another build's script (KAIROS_BIN names an older kairos).
+                None => format!("{}…", &sha[..sha.len().min(8)]),
+            };
+            let t = self.times.entry(name).or_default();
+            t.0 += 1;
+            t.1 += *usec as u64;
+        }
+    }
+
+    fn total_usec(&self) -> u64 {
+        self.times.values().map(|t| t.1).sum()
+    }
+
+    /// "name X µs/fire (n calls)", largest first.
+    fn per(&self, count: usize) -> Vec<String> {
+        let mut rows: Vec<_> = self.times.iter().collect();
+        rows.sort_by_key(|(_, t)| std::cmp::Reverse(t.1));
+        rows.iter()
+            .map(|(name, (calls, usec))| {
+                format!(
+                    "{name} {:.1} µs/fire ({calls} calls)",
+                    *usec as f64 / count as f64
+                )
+            })
+            .collect()
+    }
 }
 
 /// What an `Idempotency-Key` and a debounce cost a booking: plain, keyed (every key new,
