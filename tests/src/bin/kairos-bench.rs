@@ -803,27 +803,21 @@ impl ScriptTimes {
     const FROM_US: u64 = 10;
 
     async fn start(conn: &mut redis::aio::MultiplexedConnection) -> ScriptTimes {
-        let _: () = redis::pipe()
-            .cmd("CONFIG")
-            .arg("SET")
-            .arg("slowlog-log-slower-than")
+        let _: () = redis::cmd("CONFIG")
+            .arg(&["SET", "slowlog-log-slower-than"])
             .arg(Self::FROM_US)
-            .ignore()
-            .cmd("CONFIG")
-            .arg("SET")
-            .arg("slowlog-max-len")
-            .arg(100_000)
-            .ignore()
-            .cmd("SLOWLOG")
-            .arg("RESET")
-            .ignore()
+            .arg(&["slowlog-max-len", "100000"])
             .query_async(conn)
             .await
             .unwrap();
-        ScriptTimes {
+        let mut times = ScriptTimes {
             names: kairos::store::script_names_by_hash(),
             times: Default::default(),
-        }
+        };
+        // What was logged before the span (with the earlier threshold) goes.
+        times.collect(conn).await;
+        times.times.clear();
+        times
     }
 
     /// Adds the calls logged since the last read.
