@@ -555,11 +555,12 @@ impl Store {
                 change.record.resource_id.clone().unwrap_or_default(),
             ]);
         }
+        // A retry books no callback: the Plan has not finished.
         let callback = match (&run.outcome, &run.callback) {
             (RunOutcome::Retry { .. }, _) | (_, None) => None,
-            (_, Some(c)) => c.record(&run.plan.plan_id, now_ms),
+            (_, Some(c)) => c.record(&run.plan.plan_id, now_ms).map(|r| (c, r)),
         };
-        if let (Some((rec, plugins)), Some(c)) = (callback, &run.callback) {
+        if let Some((c, (rec, plugins))) = callback {
             flags.push('c');
             extras.extend([c.life_uuid.clone(), rec.to_json(), plugins.join(" ")]);
         }

@@ -81,6 +81,8 @@ use chrono_tz::Tz;
 use lua_prelude::script_with;
 pub(crate) use lua_prelude::Scripts;
 
+use crate::error::ApiError;
+
 /// The name of each of this build's scripts by its SHA-1, the hash `EVALSHA` calls it by
 /// (and `SLOWLOG GET` and `MONITOR` show): for a benchmark or an operator that reads
 /// Redis's own view of the calls.
@@ -91,8 +93,6 @@ pub fn script_names_by_hash() -> HashMap<String, &'static str> {
         .map(|(name, hash)| (hash, name))
         .collect()
 }
-
-use crate::error::ApiError;
 
 /// The layout this code reads and writes (`meta.layout`): 1 had no shards, 2 a hash per
 /// Plan, 3 a Life's Plans folded into its hash, 4 a Life one compact record in a bucket,
