@@ -14,6 +14,13 @@ use crate::store::{Callback, FinishedRun, Owner, RunOutcome};
 
 /// Most runs one `finish_run` call records.
 const FINISH_BATCH: usize = 256;
+/// A lane whose batch held at least `LINGER_FROM` runs waits `FINISH_LINGER` before it
+/// takes the next one (group commit under load): on a standalone Redis a finish call
+/// carries each shard's runs as a section, and a section costs Redis about the same
+/// whether it carries one run or ten, so more runs a call means less Redis a run. A
+/// lane under light load never waits.
+const LINGER_FROM: usize = 32;
+const FINISH_LINGER: Duration = Duration::from_millis(4);
 /// Least time recording an outcome is retried while Redis is away (a restart of Redis
 /// takes seconds).
 const RECORD_PATIENCE: Duration = Duration::from_secs(30);
@@ -96,6 +103,9 @@ impl Engine {
             for finished in &batch {
                 self.running.fetch_sub(1, Ordering::AcqRel);
                 self.forget(&finished.run.plan);
+            }
+            if batch.len() >= LINGER_FROM {
+                tokio::time::sleep(FINISH_LINGER).await;
             }
         }
     }
