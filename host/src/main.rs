@@ -62,6 +62,10 @@ enum Command {
     /// a line, to keep full history elsewhere: `kairos export-runs --follow >> runs.jsonl`.
     /// Reads Redis directly; writes nothing there.
     ExportRuns(ExportRunsArgs),
+    /// Print Redis's slow log (`SLOWLOG GET`) with kairos's script calls named
+    /// (`finish_life`, not `EVALSHA 3f1c…`), and the logged time by script. Reads only;
+    /// Redis logs calls slower than its `slowlog-log-slower-than` (10 ms by default).
+    Slowlog(SlowlogArgs),
     /// Print a shell completion script: `kairos completions bash > /etc/bash_completion.d/kairos`,
     /// `kairos completions zsh > "${fpath[1]}/_kairos"`, `kairos completions fish >
     /// ~/.config/fish/completions/kairos.fish`.
@@ -98,6 +102,16 @@ struct ExportRunsArgs {
     /// stopped).
     #[arg(long)]
     follow: bool,
+}
+
+#[derive(clap::Args)]
+struct SlowlogArgs {
+    /// The Redis (or `redis+cluster://` nodes, each read on its own).
+    #[arg(long, env = "KAIROS_REDIS_URL")]
+    redis_url: String,
+    /// Entries to read from each node, newest first.
+    #[arg(long, default_value_t = 128)]
+    count: usize,
 }
 
 #[derive(clap::Args)]
@@ -264,6 +278,15 @@ async fn run() -> anyhow::Result<()> {
             kairos::store::runs::export(&args.redis_url, &args.key_prefix, args.follow, &mut out)
                 .await
                 .map_err(anyhow::Error::msg)?;
+            Ok(())
+        }
+        Command::Slowlog(args) => {
+            exit_quietly_on_closed_stdout();
+            let logs = kairos::store::slowlog::read(&args.redis_url, args.count)
+                .await
+                .map_err(anyhow::Error::msg)?;
+            let stdout = std::io::stdout();
+            let _ = kairos::store::slowlog::print(&logs, &mut stdout.lock());
             Ok(())
         }
         Command::Completions { shell } => {

@@ -836,3 +836,51 @@ async fn export_runs_prints_recorded_runs_as_json_lines_and_follows_new_ones() {
     let keys = empty.cli(&["dbsize"]);
     assert_eq!(keys.trim().trim_start_matches("(integer) "), "0", "{keys}");
 }
+
+/// `kairos slowlog` prints Redis's slow log with kairos's script calls named by script
+/// (not by SHA-1) and the logged time added up by what ran; it reads only: the entries
+/// are still there afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slowlog_names_the_scripts_redis_logged() {
+    let redis = RedisServer::start();
+    let sink = Sink::start().await;
+    let host = Host::start(&redis.url(), &flags(&sink, &[]));
+    let api = Api::new(&host);
+    let mut conn = redis.conn().await;
+    // Every call logged, and enough of them kept: claims come every few ms.
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("slowlog-log-slower-than")
+        .arg(0)
+        .arg("slowlog-max-len")
+        .arg(100_000)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    book(&api, &point("slow-a", now_ms() + 1_000, hook("slow-a"))).await;
+    api.wait_life("slow-a", Duration::from_secs(10), |l| state(l) == "Dead")
+        .await;
+
+    let (code, out, err) =
+        kairos_command(&["slowlog", "--redis-url", &redis.url(), "--count", "100000"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(out.contains("slowlog-log-slower-than 0 µs"), "{out}");
+    let by = out
+        .split("# by what ran")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no totals: {out}"));
+    for script in ["book", "claim", "start_run", "finish_life"] {
+        assert!(
+            by.lines()
+                .any(|l| l.split_whitespace().nth(3) == Some(script)),
+            "{script} not in the totals: {out}"
+        );
+    }
+    assert!(!out.contains("not a script of this build"), "{out}");
+    let left: i64 = redis::cmd("SLOWLOG")
+        .arg("LEN")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(left > 0, "the log was left as it was");
+}

@@ -53,6 +53,7 @@ mod replicas;
 pub mod runs;
 pub mod shards;
 mod slot_router;
+pub mod slowlog;
 mod stats;
 mod timers;
 
