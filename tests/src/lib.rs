@@ -27,6 +27,16 @@ pub use keys::Keyspace;
 
 static UNIQUE: AtomicU64 = AtomicU64::new(0);
 
+/// The `RUST_LOG` hosts started from here run under: debug for tests, whose failures
+/// read the host's log; `quiet_hosts` sets `info` for benchmarks, where writing a debug
+/// line a fire would be counted in the host's CPU.
+static HOST_LOG: std::sync::OnceLock<&'static str> = std::sync::OnceLock::new();
+
+/// Hosts started after this run at `RUST_LOG=info` (benchmarks).
+pub fn quiet_hosts() {
+    let _ = HOST_LOG.set("info");
+}
+
 /// A port nobody listens on right now.
 /// A free port whose cluster bus port (port + 10000) is free too.
 fn free_cluster_port() -> u16 {
@@ -820,7 +830,10 @@ impl Host {
                 &data_dir.display().to_string(),
             ])
             .args(args)
-            .env("RUST_LOG", "info,kairos=debug")
+            .env(
+                "RUST_LOG",
+                HOST_LOG.get().copied().unwrap_or("info,kairos=debug"),
+            )
             .stdout(Stdio::null())
             .stderr(logfile);
         for (k, v) in env {

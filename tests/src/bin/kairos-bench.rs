@@ -977,6 +977,7 @@ async fn alternate(host: &Host, redis: &RedisServer, kinds: &[Kind], rounds: usi
 async fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let want = |s: &str| args.is_empty() || args.iter().any(|a| a == s);
+    kairos_e2e::quiet_hosts();
     println!("# kairos benchmark run\n");
     println!("Machine: {}.\n", machine());
     if want("booking") {
