@@ -30,9 +30,11 @@ pub struct SlowCall {
 /// One node's slow log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeLog {
+    /// The node's address, without a password the URL may carry.
     pub node: String,
-    /// `slowlog-log-slower-than`, µs (negative: the log is off).
-    pub threshold_us: i64,
+    /// `slowlog-log-slower-than`, µs (negative: the log is off); None where `CONFIG`
+    /// is refused (a managed Redis that renames or forbids it).
+    pub threshold_us: Option<i64>,
     pub calls: Vec<SlowCall>,
 }
 
@@ -41,8 +43,9 @@ pub struct NodeLog {
 pub async fn read(url: &str, count: usize) -> Result<Vec<NodeLog>, String> {
     let names = super::script_names_by_hash();
     let mut logs = Vec::new();
-    for node in Target::parse(url)?.nodes() {
-        let client = redis::Client::open(node.as_str())
+    for url in Target::parse(url)?.nodes() {
+        let node = without_password(&url);
+        let client = redis::Client::open(url.as_str())
             .map_err(|e| format!("`{node}` is not a Redis URL: {e}"))?;
         let mut conn = client
             .get_multiplexed_async_connection()
@@ -54,19 +57,27 @@ pub async fn read(url: &str, count: usize) -> Result<Vec<NodeLog>, String> {
             .query_async(&mut conn)
             .await
             .map_err(|e| format!("cannot read the slow log of {node}: {e}"))?;
-        let threshold: Vec<String> = redis::cmd("CONFIG")
+        let threshold: Option<Vec<String>> = redis::cmd("CONFIG")
             .arg("GET")
             .arg("slowlog-log-slower-than")
             .query_async(&mut conn)
             .await
-            .map_err(|e| format!("cannot read slowlog-log-slower-than on {node}: {e}"))?;
+            .ok();
         logs.push(NodeLog {
-            node: node.clone(),
-            threshold_us: threshold.get(1).and_then(|t| t.parse().ok()).unwrap_or(-1),
+            node,
+            threshold_us: threshold.and_then(|t| t.get(1)?.parse().ok()),
             calls: parse_entries(&entries, &names),
         });
     }
     Ok(logs)
+}
+
+/// A node's URL without the user and password it may carry, to print.
+fn without_password(url: &str) -> String {
+    match (url.split_once("://"), url.rsplit_once('@')) {
+        (Some((scheme, _)), Some((_, host))) => format!("{scheme}://{host}"),
+        _ => url.to_string(),
+    }
 }
 
 /// The entries of a `SLOWLOG GET` reply: `[id, unix time, µs, [argv…], client, name]`
@@ -153,12 +164,14 @@ fn short(sha: &str) -> &str {
 /// Prints each node's log, newest first, then the logged time by what ran, most first.
 pub fn print(logs: &[NodeLog], out: &mut dyn Write) -> std::io::Result<()> {
     for log in logs {
+        let threshold = log
+            .threshold_us
+            .map_or_else(|| "not readable".to_string(), |us| format!("{us} µs"));
         writeln!(
             out,
-            "# {}: {} calls logged (slowlog-log-slower-than {} µs)",
+            "# {}: {} calls logged (slowlog-log-slower-than {threshold})",
             log.node,
             log.calls.len(),
-            log.threshold_us
         )?;
         if log.calls.is_empty() {
             writeln!(
@@ -256,7 +269,7 @@ mod tests {
         print(
             &[NodeLog {
                 node: "redis://127.0.0.1:6379".into(),
-                threshold_us: 0,
+                threshold_us: Some(0),
                 calls,
             }],
             &mut text,
@@ -275,12 +288,24 @@ mod tests {
     }
 
     #[test]
+    fn a_password_in_the_url_is_not_printed() {
+        assert_eq!(
+            without_password("redis://:s3cret@10.0.0.1:6379/0"),
+            "redis://10.0.0.1:6379/0"
+        );
+        assert_eq!(
+            without_password("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+    }
+
+    #[test]
     fn an_empty_log_says_how_to_fill_it() {
         let mut text = Vec::new();
         print(
             &[NodeLog {
                 node: "n".into(),
-                threshold_us: 10_000,
+                threshold_us: Some(10_000),
                 calls: Vec::new(),
             }],
             &mut text,
