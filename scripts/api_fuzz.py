@@ -148,6 +148,37 @@ def check_document(base, tokens):
 # The one error of the fuzzer's own interpreter that is retried (see main).
 TOOL_FAULT = "AST constructor recursion depth mismatch"
 
+# Schemathesis's own generator gives up on some negative cases it builds itself (the
+# complement of a schema, as a `not` it cannot draw from): "Failed to generate test cases
+# for this API operation" with this reason. kairos's document has no `not`; whether the
+# generator reaches such a case depends on how far it got in its time budget, so a run
+# may or may not meet it. It is a limit of the tool, not a finding about kairos.
+GENERATOR_LIMIT = "Schemathesis does not support"
+
+
+def generator_limits_only(output):
+    """The operations whose only errors are the generator's own limits, when every error
+    of the run is one (and nothing failed); None otherwise."""
+    if "FAILURES" in output or "= ERRORS =" not in output:
+        return None
+    errors = output.split("= ERRORS =", 1)[1]
+    errors = errors.split("= WARNINGS =", 1)[0].split("= SUMMARY =", 1)[0]
+    blocks, name = {}, None
+    for line in errors.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("___") and stripped.endswith("___"):
+            name = stripped.strip("_ ")
+            blocks[name] = []
+        elif name is not None:
+            blocks[name].append(line)
+    if not blocks:
+        return None
+    for text in blocks.values():
+        text = "\n".join(text)
+        if "Schema Error" not in text or GENERATOR_LIMIT not in text:
+            return None
+    return sorted(blocks)
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -210,6 +241,13 @@ def main():
                       flush=True)
                 continue
             break
+        if status != 0:
+            limited = generator_limits_only(run.stdout)
+            if limited:
+                print("api_fuzz: schemathesis could not generate some cases of "
+                      + ", ".join(limited) + " (its own limit, quoted above); every case "
+                      "it did send passed the checks", flush=True)
+                status = 0
         log = open(log_path).read()
         if "panicked" in log:
             print("api_fuzz: kairos panicked under the fuzzing:\n"
