@@ -92,39 +92,23 @@ pub fn parse_entries(reply: &Value, names: &HashMap<String, &'static str>) -> Ve
             let Value::Array(fields) = entry else {
                 return None;
             };
-            let at_s = int(fields.get(1)?)?;
-            let micros = u64::try_from(int(fields.get(2)?)?).ok()?;
-            let Value::Array(argv) = fields.get(3)? else {
-                return None;
-            };
-            let argv: Vec<String> = argv.iter().filter_map(text).collect();
-            let script = argv
-                .first()
-                .is_some_and(|c| c.to_ascii_uppercase().starts_with("EVAL"));
+            let at_s: i64 = redis::from_redis_value_ref(fields.get(1)?).ok()?;
+            let micros: u64 = redis::from_redis_value_ref(fields.get(2)?).ok()?;
+            // Bytes, not strings: a key that is not UTF-8 must not drop the entry.
+            let argv: Vec<Vec<u8>> = redis::from_redis_value_ref(fields.get(3)?).ok()?;
+            let argv: Vec<String> = argv
+                .iter()
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let (what, named_by) = describe(&argv, names);
             Some(SlowCall {
                 at_s,
                 micros,
-                what: describe(&argv, names),
-                args: words(&argv).saturating_sub(if script { 2 } else { 1 }),
+                what,
+                args: words(&argv).saturating_sub(named_by),
             })
         })
         .collect()
-}
-
-fn int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Int(n) => Some(*n),
-        _ => text(v)?.parse().ok(),
-    }
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(n) => Some(n.to_string()),
-        _ => None,
-    }
 }
 
 /// The words of a logged command: Redis keeps at most 32, the last one saying how many
@@ -141,18 +125,23 @@ fn words(argv: &[String]) -> usize {
     }
 }
 
-fn describe(argv: &[String], names: &HashMap<String, &'static str>) -> String {
+/// What a logged command was, and how many of its first words name it (a script's
+/// command and its SHA-1 or body; any other command's name): the rest are its arguments.
+fn describe(argv: &[String], names: &HashMap<String, &'static str>) -> (String, usize) {
     let command = argv
         .first()
         .map(|c| c.to_ascii_uppercase())
         .unwrap_or_default();
     match (command.as_str(), argv.get(1)) {
-        ("EVALSHA" | "EVALSHA_RO", Some(sha)) => match names.get(&sha.to_ascii_lowercase()) {
-            Some(name) => (*name).to_string(),
-            None => format!("{command} {} (not a script of this build)", short(sha)),
-        },
-        ("EVAL" | "EVAL_RO", Some(_)) => format!("{command} (a script sent whole)"),
-        _ => command,
+        ("EVALSHA" | "EVALSHA_RO", Some(sha)) => {
+            let what = match names.get(&sha.to_ascii_lowercase()) {
+                Some(name) => (*name).to_string(),
+                None => format!("{command} {} (not a script of this build)", short(sha)),
+            };
+            (what, 2)
+        }
+        ("EVAL" | "EVAL_RO", Some(_)) => (format!("{command} (a script sent whole)"), 2),
+        _ => (command, 1),
     }
 }
 
