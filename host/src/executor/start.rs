@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
@@ -57,7 +56,7 @@ async fn hold_start_answer() {
                 .and_then(|v| v.parse().ok())
         });
         if let Some(ms) = hold {
-            tokio::time::sleep(Duration::from_millis(*ms)).await;
+            tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
         }
     }
 }
