@@ -196,8 +196,8 @@ fn where_is(args: &WhereArgs) -> anyhow::Result<()> {
         let shard = p.queue(queue);
         line(format!("task {task}"), shard);
         println!(
-            "  redis-cli HGETALL '{}'",
-            keys(shard).task_plan(queue, name)
+            "  redis-cli {}",
+            kairos::store::inspect::read_task_command(&keys(shard), queue, name)
         );
     }
     Ok(())

@@ -1489,7 +1489,7 @@ impl RedisServer {
                     .query_async::<i64>(&mut conn)
                     .await
                     .expect("LLEN answers"),
-                "due" | "lives" => {
+                "due" | "lives" | "task_due" => {
                     let tree = format!("{}{rest}", k.prefix);
                     kairos::store::inspect::tree_members(&mut conn, &tree)
                         .await

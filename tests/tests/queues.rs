@@ -257,6 +257,7 @@ async fn pause_resume_purge_delete_and_task_names() {
     assert!(sink.received().is_empty(), "a paused queue delivered");
     // Parked: in no due set and in no host's memory, until resume.
     assert_eq!(redis.count_all("due_tasks").await, 0);
+    assert_eq!(redis.count_all("task_due").await, 0);
     assert_eq!(redis.count_all("held").await, 0);
     let (_, queue) = api.get("/queues/default").await;
     assert_eq!(queue["tasks"]["pending"], 5, "{queue:#}");
@@ -344,7 +345,7 @@ async fn pause_resume_purge_delete_and_task_names() {
     let (status, _) = api.get("/queues/gone").await;
     assert_eq!(status, 404);
     assert_eq!(
-        redis.count_all("due_tasks").await,
+        redis.count_all("due_tasks").await + redis.count_all("task_due").await,
         0,
         "a deleted queue's task stayed due"
     );
@@ -494,7 +495,7 @@ async fn a_backlog_behind_a_low_rate_waits_in_redis_not_in_memory() {
         .parse()
         .unwrap();
     assert!(claimed <= 5, "{claimed} tasks held in the host's memory");
-    let waiting = redis.count_all("due_tasks").await;
+    let waiting = redis.count_all("due_tasks").await + redis.count_all("task_due").await;
     assert!(waiting >= 85, "only {waiting} tasks wait in Redis");
     let delivered = sink.received().len();
     assert!((3..=7).contains(&delivered), "2/s for 2 s, got {delivered}");

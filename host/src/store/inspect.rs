@@ -37,6 +37,26 @@ local h = tonumber(string.sub(redis.sha1hex(ARGV[1]), 1, 8), 16) local p = 1 \
 while p * 2 <= n do p = p * 2 end local b = h % (p * 2) if b >= n then b = h % p end \
 return redis.call('HGET', string.sub(KEYS[1], 1, -3) .. 'r:' .. b, ARGV[1])";
 
+/// A script that prints a queue task whichever way it is stored: its record, from its
+/// task bucket (a pending push task), or else its Plan hash. KEYS[1] the shard's `tn`,
+/// KEYS[2] the Plan hash, ARGV[1] `{queue}/{task}`.
+const READ_TASK: &str = "local n = tonumber(redis.call('GET', KEYS[1])) or 1 \
+local h = tonumber(string.sub(redis.sha1hex(ARGV[1]), 1, 8), 16) local p = 1 \
+while p * 2 <= n do p = p * 2 end local b = h % (p * 2) if b >= n then b = h % p end \
+return redis.call('HGET', string.sub(KEYS[1], 1, -3) .. 't:' .. b, ARGV[1]) \
+or redis.call('HGETALL', KEYS[2])";
+
+/// The redis-cli command (its arguments after `redis-cli`) that prints task `task` of
+/// `queue`, stored in shard `k`.
+pub fn read_task_command(k: &ShardKeys, queue: &str, task: &str) -> String {
+    format!(
+        "EVAL \"{READ_TASK}\" 2 {} {} {}",
+        shell_quote(&k.task_record_count()),
+        shell_quote(&k.task_plan(queue, task)),
+        shell_quote(&format!("{queue}/{task}"))
+    )
+}
+
 /// `text` quoted for a POSIX shell.
 fn shell_quote(text: &str) -> String {
     format!("'{}'", text.replace('\'', "'\\''"))

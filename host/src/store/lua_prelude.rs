@@ -146,6 +146,7 @@ scripts!(
     queue_resume,
     task_add,
     task_change,
+    task_get,
     task_lease,
     task_lease_change,
     finish_task,

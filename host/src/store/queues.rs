@@ -407,17 +407,29 @@ impl Store {
             .await?)
     }
 
-    /// One task's Plan hash.
+    /// One task's Plan hash (a pending task's record read as one: `scripts/task_get.lua`).
     pub async fn task_load(
         &self,
         queue: &str,
         task: &str,
     ) -> Result<Option<HashMap<String, String>>, ApiError> {
-        let mut conn = self.conn();
-        let t: HashMap<String, String> = conn
-            .hgetall(self.queue_keys(queue).task_plan(queue, task))
-            .await?;
-        Ok((!t.is_empty()).then_some(t))
+        let mut tasks = self.tasks_get(queue, &[task]).await?;
+        Ok(tasks.pop().filter(|t| !t.is_empty()))
+    }
+
+    /// Tasks of `queue` by name, each as its Plan hash's fields (empty: no such task).
+    async fn tasks_get(
+        &self,
+        queue: &str,
+        names: &[&str],
+    ) -> redis::RedisResult<Vec<HashMap<String, String>>> {
+        let k = self.queue_keys(queue);
+        let mut invocation = self.scripts.task_get.prepare_invoke();
+        invocation.key(k.queue(queue)).arg(&k.prefix).arg(queue);
+        for name in names {
+            invocation.arg(*name);
+        }
+        invocation.invoke_async(&mut self.conn()).await
     }
 
     /// A page of one of a queue's indexes (`pending` by ETA or `failed` by failure time),
@@ -459,11 +471,8 @@ impl Store {
             .flatten();
         let mut tasks = Vec::new();
         if !items.is_empty() {
-            let mut pipe = redis::pipe();
-            for (name, _) in &items {
-                pipe.hgetall(k.task_plan(queue, name));
-            }
-            let hashes: Vec<HashMap<String, String>> = pipe.query_async(&mut self.conn()).await?;
+            let names: Vec<&str> = items.iter().map(|(name, _)| name.as_str()).collect();
+            let hashes = self.tasks_get(queue, &names).await?;
             tasks = items
                 .into_iter()
                 .map(|(name, _)| name)

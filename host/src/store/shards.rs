@@ -216,6 +216,18 @@ impl ShardKeys {
     pub fn due_tasks(&self) -> String {
         self.key(format_args!("due_tasks"))
     }
+    /// Push tasks added and not yet claimed, each a record in a task bucket: a tree.
+    pub fn task_due(&self) -> String {
+        self.key(format_args!("task_due"))
+    }
+    /// Task bucket `n`: field `{queue}/{task}`, a pending push task's record.
+    pub fn task_records(&self, n: u64) -> String {
+        self.key(format_args!("t:{n}"))
+    }
+    /// How many task buckets there are (linear hashing, as `record_count`).
+    pub fn task_record_count(&self) -> String {
+        self.key(format_args!("tn"))
+    }
     /// The shard's Lives by birth time: a tree.
     pub fn lives(&self) -> String {
         self.key(format_args!("lives"))

@@ -5,7 +5,8 @@
 -- `held` (its Plan hash Preset, as before). Only the owner of the shard's lease (host
 -- and generation, and the lease not run out) may claim: a host that lost the shard
 -- claims nothing.
--- Queue tasks wait in their own set, due_tasks, and are claimed only when due before
+-- Queue tasks wait in their own sets, the task_due tree (tasks never claimed, each a
+-- record: task_add) and due_tasks (the others), and are claimed only when due before
 -- TASKS_UNTIL (a second ahead, not the whole look-ahead window), at most TASK_LIMIT of
 -- them: a task may still have to wait for its queue's tokens, and a backlog must wait in
 -- Redis, not in memory, where it would take the room of other work.
@@ -19,7 +20,7 @@
 --   record says the rest; a nested row per Plan costs Redis twice as much to send),
 --   ROWS one row per timer's or task's Plan, {plan_id, fire_at_ms, claim number, action,
 --   attempts, resource_id, opts JSON}; or {'lost', {}, {}, ''} / {'expired', {}, {}, ''}.
---   The next task is the first one left in due_tasks: the owner sleeps until it comes
+--   The next task is the first one left in either: the owner sleeps until it comes
 --   within TASKS_UNTIL's reach.
 local host = ARGV[2]
 local owned = ownership(host, ARGV[3])
@@ -72,9 +73,40 @@ local function take(set, until_ms, n)
   -- The set's first members by rank, as read.
   redis.call('ZREMRANGEBYRANK', set, '0', int_arg(#items / 2 - 1))
 end
+-- Tasks added and never claimed: a record each (task_add), its Plan hash written here.
+local function take_records(until_ms, n)
+  if n <= 0 then return end
+  local items = tree_take(task_due_key(), until_ms, n)
+  for i = 1, #items, 2 do
+    local id, fire_ms = items[i], items[i + 1]
+    local rec = get_task_record(id)
+    -- A member whose record is gone is stale: dropping it is the fix.
+    if rec then
+      local fields = task_record_fields(rec)
+      local claim = next_claim()
+      fields[2] = 'Preset'
+      fields[#fields + 1] = 'lease_owner'
+      fields[#fields + 1] = host
+      fields[#fields + 1] = 'claims'
+      fields[#fields + 1] = claim
+      redis.call('HDEL', task_bucket_key(task_field(id)), task_field(id))
+      redis.call('HSET', plan_key(id), unpack(fields))
+      held[#held + 1] = fire_ms
+      held[#held + 1] = id
+      out[#out + 1] = {id, fire_ms, claim, fields[8], '0', '', ''}
+    end
+  end
+end
 local lives_n = #lives_out / 4
 take(KEYS[6], ARGV[4], limit - lives_n - #out)
-take(KEYS[4], ARGV[6], math.min(limit - lives_n - #out, tonumber(ARGV[7])))
+local task_limit = tonumber(ARGV[7])
+local before = #out
+take(KEYS[4], ARGV[6], math.min(limit - lives_n - #out, task_limit))
+take_records(ARGV[6], math.min(limit - lives_n - #out, task_limit - (#out - before)))
 if #held > 0 then redis.call('ZADD', KEYS[2], unpack(held)) end
-local next_task = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-return {'ok', lives_out, out, next_task[2] or ''}
+local next_task = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
+local next_record = tree_first(task_due_key())[2]
+if next_record and (not next_task or tonumber(next_record) < tonumber(next_task)) then
+  next_task = next_record
+end
+return {'ok', lives_out, out, next_task or ''}

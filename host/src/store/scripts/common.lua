@@ -392,13 +392,14 @@ local function get_record(id)
   return redis.call('HGET', record_key(id), id)
 end
 
--- Splits the next bucket in turn: bucket N - P gives the records whose hash mod 2P is N
--- to the new bucket N.
-local function split_records()
-  local n = record_buckets()
+-- Splits the next bucket in turn of a family of buckets (`r:` the Lives', `t:` the
+-- pending queue tasks', each with its count key, `rn` / `tn`, and COUNTS, the counts
+-- read this call): bucket N - P gives the members whose hash mod 2P is N to the new
+-- bucket N.
+local function split_buckets(family, count_key, counts, n)
   local p = 1
   while p * 2 <= n do p = p * 2 end
-  local from_key, to_key = PREFIX .. 'r:' .. (n - p), PREFIX .. 'r:' .. n
+  local from_key, to_key = PREFIX .. family .. (n - p), PREFIX .. family .. n
   local all = redis.call('HGETALL', from_key)
   local moved, gone = {}, {}
   for i = 1, #all, 2 do
@@ -412,8 +413,12 @@ local function split_records()
     redis.call('HSET', to_key, unpack(moved))
     redis.call('HDEL', from_key, unpack(gone))
   end
-  record_counts[PREFIX] = n + 1
-  redis.call('SET', PREFIX .. 'rn', string.format('%d', n + 1))
+  counts[PREFIX] = n + 1
+  redis.call('SET', PREFIX .. count_key, string.format('%d', n + 1))
+end
+
+local function split_records()
+  split_buckets('r:', 'rn', record_counts, record_buckets())
 end
 
 -- A record was added to bucket KEY: past RECORDS_SPLIT_AT, the next bucket in turn splits.
@@ -697,6 +702,85 @@ local function tree_delete(tree)
     redis.call('DEL', tree .. ':' .. leaf_id_of(entry))
   end
   redis.call('DEL', tree)
+end
+
+-- Pending queue tasks (record format 4). A push task added and not yet claimed is one
+-- compact JSON value, the field `{queue}/{task}` of one of the shard's task buckets
+-- `t:{n}` (linear hashing as the Lives' buckets, counted by `tn`), waiting in the
+-- `task_due` tree at its ETA: `{"f":ETA,"c":added at[,"x":expires at][,"k":its key],
+-- "a":action}`, the action last and verbatim. The first claim of it, or any change
+-- (task_change, queue_purge), turns it into the Plan hash every later step works on
+-- (task_promote); a retry, a deferral or a run asked for again stays a hash.
+local task_counts = {}
+
+local function task_bucket_key(field)
+  local n = task_counts[PREFIX]
+  if not n then
+    n = tonumber(redis.call('GET', PREFIX .. 'tn')) or 1
+    task_counts[PREFIX] = n
+  end
+  return PREFIX .. 't:' .. bucket_index(id_hash(field), n)
+end
+
+local function task_due_key() return PREFIX .. 'task_due' end
+
+-- The bucket field of Plan `{queue}/{task}:task`.
+local function task_field(plan_id) return string.sub(plan_id, 1, -6) end
+
+local function put_task_record(plan_id, eta_ms, now_ms, expires_ms, ck, action)
+  local rec = '{"f":' .. eta_ms .. ',"c":' .. now_ms
+  if expires_ms ~= '' then rec = rec .. ',"x":' .. expires_ms end
+  if ck then rec = rec .. ',"k":' .. cjson.encode(ck) end
+  rec = rec .. ',"a":' .. action .. '}'
+  local key = task_bucket_key(task_field(plan_id))
+  if redis.call('HSET', key, task_field(plan_id), rec) == 1
+      and redis.call('HLEN', key) > RECORDS_SPLIT_AT then
+    split_buckets('t:', 'tn', task_counts, task_counts[PREFIX])
+  end
+end
+
+local function get_task_record(plan_id)
+  local rec = redis.call('HGET', task_bucket_key(task_field(plan_id)), task_field(plan_id))
+  if not rec then return nil end
+  return rec
+end
+
+-- A task record's Plan hash fields, {field, value, ...}: Standby at its ETA, never run.
+-- The scalars come before `"a":`, which no JSON string can hold unescaped (a string's
+-- quotes are escaped), so the action is the rest, as it was given.
+local function task_record_fields(rec)
+  local at = string.find(rec, ',"a":', 1, true)
+  local head = cjson.decode(string.sub(rec, 1, at - 1) .. '}')
+  local fields = {'state', 'Standby', 'fire_at_ms', int_arg(head.f),
+    'created_at_ms', int_arg(head.c), 'action', string.sub(rec, at + 5, -2)}
+  if head.x then
+    fields[#fields + 1] = 'expires_at_ms'
+    fields[#fields + 1] = int_arg(head.x)
+  end
+  if head.k then
+    fields[#fields + 1] = 'ck'
+    fields[#fields + 1] = head.k
+  end
+  return fields, head.f
+end
+
+-- Turns a pending task's record into its Plan hash, Standby in `due_tasks` at its ETA
+-- (the shape a task has once it ran or changed), so that what follows reads and writes
+-- the hash alone. A task that is a hash already, or none at all, is left as it is.
+local function task_promote(plan_id)
+  local rec = get_task_record(plan_id)
+  if not rec then return end
+  local fields, eta = task_record_fields(rec)
+  redis.call('HDEL', task_bucket_key(task_field(plan_id)), task_field(plan_id))
+  tree_rem(task_due_key(), eta, plan_id)
+  redis.call('HSET', plan_key(plan_id), unpack(fields))
+  redis.call('ZADD', PREFIX .. 'due_tasks', int_arg(eta), plan_id)
+end
+
+-- Whether a task exists, either way it is stored.
+local function task_exists(plan_id)
+  return redis.call('EXISTS', plan_key(plan_id)) == 1
+    or redis.call('HEXISTS', task_bucket_key(task_field(plan_id)), task_field(plan_id)) == 1
 end
 
 -- Inflight: the shard's `inflight` hash holds each Life Plan claimed by the shard's

@@ -12,6 +12,7 @@ for _, index in ipairs({KEYS[2], KEYS[3]}) do
   for _, task in ipairs(names) do
     local plan_id = queue .. '/' .. task .. ':task'
     local pk = plan_key(plan_id)
+    task_promote(plan_id)
     if redis.call('HGET', pk, 'state') ~= 'Running' then
       release_claim(plan_id)
       redis.call('ZREM', KEYS[4], plan_id)

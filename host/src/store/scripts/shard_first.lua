@@ -1,5 +1,5 @@
 -- shard_first: the earliest fire time after AFTER ('' = any) of a Plan of the shard not
--- yet finished: waiting (the due tree, timers_due, due_tasks) or held (Lives' in
+-- yet finished: waiting (the due tree, timers_due, due_tasks, task_due) or held (Lives' in
 -- `inflight`, timers' and tasks' in `held`). For the manual clock, which steps from one
 -- to the next (time_travel.rs).
 -- KEYS: 1 due (tree), 2 timers_due, 3 due_tasks, 4 held, 5 inflight
@@ -14,6 +14,7 @@ local function consider(ms)
 end
 local first = tree_range(KEYS[1], after == '' and 0 or tonumber(after) + 1, '', '+inf', 1)
 consider(first[2])
+consider(tree_range(task_due_key(), after == '' and 0 or tonumber(after) + 1, '', '+inf', 1)[2])
 for i = 2, 4 do
   consider(redis.call('ZRANGEBYSCORE', KEYS[i], min, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
 end

@@ -1,6 +1,8 @@
 -- task_add: adds up to 100 tasks to a queue, all or none. A task is a Plan
--- `{queue}/{task}:task`, waiting in due_tasks (claimed like the due set, see claim); its name is refused while the task
--- exists or its tombstone (left when it finished or was deleted) has not expired.
+-- `{queue}/{task}:task`, a compact record in a task bucket waiting in the task_due tree
+-- (claimed like the due set, see claim; common.lua's task records); its name is refused
+-- while the task exists or its tombstone (left when it finished or was deleted) has not
+-- expired.
 -- The `default` queue is created with DEFAULTS the first time it is used.
 -- KEYS: 1 queue, 2 queue tasks index, 3 due_tasks, 4 queues index
 -- ARGV: 1 prefix, 2 queue, 3 now_ms, 4 now_rfc, 5 notify_before_ms,
@@ -8,7 +10,7 @@
 --       then per task 6 values: name, eta_ms, action JSON ('' for a pull task),
 --       expires_at_ms ('' = never: see start_run), payload JSON ('' for a push task), tag
 -- Times are kept in ms only (the API renders them); `attempts` appears with the first run.
--- A push queue's tasks go to due_tasks for the hosts to run; a pull queue's (marked
+-- A push queue's tasks go to task_due for the hosts to run; a pull queue's (marked
 -- `pull`, with their payload) wait in the queue's tasks index only, for task_lease.
 -- Returns {'ok'} | {'missing'} | {'duplicate', name} | {'mode', the queue's mode} when
 --   a task does not fit the queue's mode
@@ -25,7 +27,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 for i = 7, #ARGV, 6 do
   local id = queue .. '/' .. ARGV[i]
-  if redis.call('EXISTS', plan_key(id .. ':task')) == 1
+  if task_exists(id .. ':task')
       or redis.call('EXISTS', PREFIX .. 'tombstone:' .. id) == 1 then
     return {'duplicate', ARGV[i]}
   end
@@ -78,22 +80,21 @@ local min_eta
 for i = 7, #ARGV, 6 do
   local name, eta_ms = ARGV[i], ARGV[i + 1]
   local plan_id = queue .. '/' .. name .. ':task'
-  local fields = {'state', 'Standby', 'fire_at_ms', eta_ms, 'created_at_ms', ARGV[3]}
-  local function add(k, v) fields[#fields + 1] = k; fields[#fields + 1] = v end
   redis.call('ZADD', KEYS[2], eta_ms, name)
   if pull then
-    add('pull', 1)
-    add('payload', ARGV[i + 4])
-    if ARGV[i + 5] ~= '' then add('tag', ARGV[i + 5]) end
+    local fields = {'state', 'Standby', 'fire_at_ms', eta_ms, 'created_at_ms', ARGV[3],
+      'pull', '1', 'payload', ARGV[i + 4]}
+    if ARGV[i + 5] ~= '' then
+      fields[#fields + 1] = 'tag'
+      fields[#fields + 1] = ARGV[i + 5]
+    end
+    redis.call('HSET', plan_key(plan_id), unpack(fields))
   else
-    add('action', ARGV[i + 2])
-    local ck = task_key(ARGV[i + 2])
-    if ck then add('ck', ck) end
-    if ARGV[i + 3] ~= '' then add('expires_at_ms', ARGV[i + 3]) end
-    redis.call('ZADD', KEYS[3], eta_ms, plan_id)
+    -- A push task waits as a compact record until it is claimed (task_promote).
+    put_task_record(plan_id, eta_ms, ARGV[3], ARGV[i + 3], task_key(ARGV[i + 2]), ARGV[i + 2])
+    tree_add(task_due_key(), eta_ms, plan_id)
     if not min_eta or tonumber(eta_ms) < min_eta then min_eta = tonumber(eta_ms) end
   end
-  redis.call('HSET', plan_key(plan_id), unpack(fields))
 end
 if min_eta then notify_if_soon(min_eta, ARGV[5]) end
 return {'ok'}

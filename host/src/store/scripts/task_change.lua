@@ -10,6 +10,7 @@
 -- Returns 'ok' | 'missing' | 'running'
 local queue, task, mode = ARGV[2], ARGV[3], ARGV[4]
 local plan_id = queue .. '/' .. task .. ':task'
+task_promote(plan_id)
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 'missing' end
 if state == 'Running' then return 'running' end
