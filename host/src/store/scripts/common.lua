@@ -658,24 +658,32 @@ local function tree_rev_range(tree, max, before, min, limit)
 end
 
 -- Takes up to LIMIT members scored up to MAX off the front of TREE: {member, score, ...}.
+-- The index is read 16 leaves at a time until LIMIT is reached: leaves split in halves
+-- hold 32 to 64 members, and a claim that came back short of its batch would tell the
+-- host that nothing more is due.
 local function tree_take(tree, max, limit)
   local out = {}
   if limit <= 0 then return out end
-  for _, entry in ipairs(redis.call('ZRANGEBYLEX', tree, '-', '+', 'LIMIT', '0', '16')) do
-    if tonumber(string.sub(entry, 1, 13)) > tonumber(max) then return out end
-    local leaf = tree .. ':' .. leaf_id_of(entry)
-    local items = redis.call('ZRANGEBYSCORE', leaf, '-inf', max, 'WITHSCORES',
-      'LIMIT', '0', int_arg(limit - #out / 2))
-    if #items > 0 then
-      for j = 1, #items do out[#out + 1] = items[j] end
-      -- What was read is the leaf's first members by rank: dropped by rank, without
-      -- sending their names back (a ZREM looks each one up in the leaf).
-      redis.call('ZREMRANGEBYRANK', leaf, '0', int_arg(#items / 2 - 1))
-      tree_prune(tree, leaf, entry)
+  local from = '-'
+  while true do
+    local entries = redis.call('ZRANGEBYLEX', tree, from, '+', 'LIMIT', '0', '16')
+    for _, entry in ipairs(entries) do
+      if tonumber(string.sub(entry, 1, 13)) > tonumber(max) then return out end
+      local leaf = tree .. ':' .. leaf_id_of(entry)
+      local items = redis.call('ZRANGEBYSCORE', leaf, '-inf', max, 'WITHSCORES',
+        'LIMIT', '0', int_arg(limit - #out / 2))
+      if #items > 0 then
+        for j = 1, #items do out[#out + 1] = items[j] end
+        -- What was read is the leaf's first members by rank: dropped by rank, without
+        -- sending their names back (a ZREM looks each one up in the leaf).
+        redis.call('ZREMRANGEBYRANK', leaf, '0', int_arg(#items / 2 - 1))
+        tree_prune(tree, leaf, entry)
+      end
+      if #out / 2 >= limit then return out end
     end
-    if #out / 2 >= limit then return out end
+    if #entries < 16 then return out end
+    from = '(' .. entries[#entries]
   end
-  return out
 end
 
 -- The first {member, score} of TREE, or an empty table.
@@ -712,6 +720,8 @@ end
 -- (task_change, queue_purge), turns it into the Plan hash every later step works on
 -- (task_promote); a retry, a deferral or a run asked for again stays a hash.
 local task_counts = {}
+-- The last field's bucket, as record_key keeps it: adding a task looks and then writes.
+local last_task_field, last_task_n, last_task_key, last_task_h = nil, nil, nil, nil
 
 local function task_bucket_key(field)
   local n = task_counts[PREFIX]
@@ -719,7 +729,11 @@ local function task_bucket_key(field)
     n = tonumber(redis.call('GET', PREFIX .. 'tn')) or 1
     task_counts[PREFIX] = n
   end
-  return PREFIX .. 't:' .. bucket_index(id_hash(field), n)
+  if field ~= last_task_field or n ~= last_task_n or string.sub(last_task_key, 1, #PREFIX) ~= PREFIX then
+    last_task_field, last_task_n, last_task_h = field, n, id_hash(field)
+    last_task_key = PREFIX .. 't:' .. bucket_index(last_task_h, n)
+  end
+  return last_task_key
 end
 
 local function task_due_key() return PREFIX .. 'task_due' end
@@ -727,16 +741,22 @@ local function task_due_key() return PREFIX .. 'task_due' end
 -- The bucket field of Plan `{queue}/{task}:task`.
 local function task_field(plan_id) return string.sub(plan_id, 1, -6) end
 
+-- Writes a new task's record and puts it in task_due. As a booking does
+-- (booking_checks), only a quarter of adds, by two bits of the hash that place nothing,
+-- look at the sizes of the bucket and of the tree leaf.
 local function put_task_record(plan_id, eta_ms, now_ms, expires_ms, ck, action)
   local rec = '{"f":' .. eta_ms .. ',"c":' .. now_ms
   if expires_ms ~= '' then rec = rec .. ',"x":' .. expires_ms end
   if ck then rec = rec .. ',"k":' .. cjson.encode(ck) end
   rec = rec .. ',"a":' .. action .. '}'
-  local key = task_bucket_key(task_field(plan_id))
-  if redis.call('HSET', key, task_field(plan_id), rec) == 1
+  local field = task_field(plan_id)
+  local key = task_bucket_key(field)
+  local check = math.floor(last_task_h / 16777216) % 4 == 0
+  if redis.call('HSET', key, field, rec) == 1 and check
       and redis.call('HLEN', key) > RECORDS_SPLIT_AT then
     split_buckets('t:', 'tn', task_counts, task_counts[PREFIX])
   end
+  tree_add(task_due_key(), eta_ms, plan_id, check)
 end
 
 local function get_task_record(plan_id)
@@ -777,10 +797,12 @@ local function task_promote(plan_id)
   redis.call('ZADD', PREFIX .. 'due_tasks', int_arg(eta), plan_id)
 end
 
--- Whether a task exists, either way it is stored.
-local function task_exists(plan_id)
-  return redis.call('EXISTS', plan_key(plan_id)) == 1
-    or redis.call('HEXISTS', task_bucket_key(task_field(plan_id)), task_field(plan_id)) == 1
+-- Whether a task's name is taken: the task exists, either way it is stored, or its
+-- tombstone (`tombstone:{queue}/{task}`) has not expired.
+local function task_name_taken(plan_id)
+  local field = task_field(plan_id)
+  return redis.call('EXISTS', plan_key(plan_id), PREFIX .. 'tombstone:' .. field) > 0
+    or redis.call('HEXISTS', task_bucket_key(field), field) == 1
 end
 
 -- Inflight: the shard's `inflight` hash holds each Life Plan claimed by the shard's

@@ -27,8 +27,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 for i = 7, #ARGV, 6 do
   local id = queue .. '/' .. ARGV[i]
-  if task_exists(id .. ':task')
-      or redis.call('EXISTS', PREFIX .. 'tombstone:' .. id) == 1 then
+  if task_name_taken(id .. ':task') then
     return {'duplicate', ARGV[i]}
   end
 end
@@ -92,7 +91,6 @@ for i = 7, #ARGV, 6 do
   else
     -- A push task waits as a compact record until it is claimed (task_promote).
     put_task_record(plan_id, eta_ms, ARGV[3], ARGV[i + 3], task_key(ARGV[i + 2]), ARGV[i + 2])
-    tree_add(task_due_key(), eta_ms, plan_id)
     if not min_eta or tonumber(eta_ms) < min_eta then min_eta = tonumber(eta_ms) end
   end
 end
