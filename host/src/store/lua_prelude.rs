@@ -173,7 +173,8 @@ fn script(body: &str) -> Script {
 pub(super) fn script_text(body: &str) -> String {
     let common = concat!(
         include_str!("scripts/record_bucket.lua"),
-        include_str!("scripts/common.lua")
+        include_str!("scripts/common.lua"),
+        include_str!("scripts/task_records.lua")
     );
     script_with(&prelude_for(common, body), body)
 }
@@ -238,7 +239,8 @@ end})
     fn the_real_helpers_close_over_what_they_call() {
         let common = concat!(
             include_str!("scripts/record_bucket.lua"),
-            include_str!("scripts/common.lua")
+            include_str!("scripts/common.lua"),
+            include_str!("scripts/task_records.lua")
         );
         let all = prelude_for(common, common);
         let defs = definitions(common);

@@ -25,7 +25,7 @@ use run::{RunWire, AT_OF_PLAN};
 /// The record format this build writes, `kairos:meta`'s `records`: 1 was layout 4's
 /// first; 2 runs short ([`RunWire`]); 3 Plans leaving out what their Life implies
 /// ([`PlanWire`]); 4 pending push queue tasks as records in task buckets, in the
-/// `task_due` tree (common.lua's task records), which an older host would not see. A host
+/// `task_due` tree (task_records.lua), which an older host would not see. A host
 /// raises `records` to its own when it opens the keyspace, and refuses one of a later
 /// format, which it could not read.
 pub const RECORD_FORMAT: u32 = 4;

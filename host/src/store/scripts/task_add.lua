@@ -1,6 +1,6 @@
 -- task_add: adds up to 100 tasks to a queue, all or none. A task is a Plan
 -- `{queue}/{task}:task`, a compact record in a task bucket waiting in the task_due tree
--- (claimed like the due set, see claim; common.lua's task records); its name is refused
+-- (claimed like the due set, see claim; task_records.lua); its name is refused
 -- while the task exists or its tombstone (left when it finished or was deleted) has not
 -- expired.
 -- The `default` queue is created with DEFAULTS the first time it is used.

@@ -1,5 +1,5 @@
 -- task_get: queue tasks as their Plan hashes' fields, whichever way each is stored: a
--- pending task's record (common.lua's task records) reads as the hash it becomes.
+-- pending task's record (task_records.lua) reads as the hash it becomes.
 -- KEYS: 1 the queue (for routing: every task of a queue is in its shard)
 -- ARGV: 1 prefix, 2 queue, then task names
 -- Returns per task its {field, value, ...}, empty for none.
