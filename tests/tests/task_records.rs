@@ -45,7 +45,40 @@ async fn stored(redis: &RedisServer, queue: &str) -> (Vec<(String, String)>, Vec
         .into_iter()
         .map(|(m, _)| m)
         .collect();
+    leaves_hold_their_bounds(&mut conn, &k.task_due()).await;
     (records, due)
+}
+
+/// The tree's shape (docs/redis-layout.md, Trees): each leaf holds at most 64 members,
+/// every one at or past its leaf's bound and before the next leaf's.
+async fn leaves_hold_their_bounds(conn: &mut redis::aio::MultiplexedConnection, tree: &str) {
+    let index: Vec<String> = redis::cmd("ZRANGE")
+        .arg(tree)
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .unwrap();
+    let bound = |entry: &str| entry.rsplit_once('|').unwrap().0.to_string();
+    for (i, entry) in index.iter().enumerate() {
+        let leaf = format!("{tree}:{}", entry.rsplit_once('|').unwrap().1);
+        let members: Vec<(String, i64)> = redis::cmd("ZRANGE")
+            .arg(&leaf)
+            .arg(0)
+            .arg(-1)
+            .arg("WITHSCORES")
+            .query_async(conn)
+            .await
+            .unwrap();
+        assert!(members.len() <= 64, "{leaf} holds {}", members.len());
+        for (m, score) in &members {
+            let at = format!("{score:013}:{m}");
+            assert!(at >= bound(entry), "{at} is below {entry}");
+            if let Some(next) = index.get(i + 1) {
+                assert!(at < bound(next), "{at} is past {next}");
+            }
+        }
+    }
 }
 
 async fn plan_hashes(redis: &RedisServer) -> usize {
@@ -139,15 +172,16 @@ async fn pending_push_tasks_are_records_until_claimed() {
         .await;
     assert_eq!(got.len(), 1, "only t5 ran");
 
-    // Tasks due now are claimed from their records, each run once.
-    let now: Vec<Value> = (200..260)
+    // A list due now (one ETA no other task has: one leaf, cut in pieces) is claimed
+    // from its records, each task run once.
+    let now: Vec<Value> = (200..300)
         .map(|n| json!({"name": format!("t{n}"), "action": action(n)}))
         .collect();
     let (status, reply) = api.post("/queues/rec/tasks", &Value::Array(now)).await;
     assert_eq!(status, 200, "{reply}");
     let got = sink
-        .wait_until("60 tasks due now", Duration::from_secs(20), |r| {
-            r.len() >= 61
+        .wait_until("100 tasks due now", Duration::from_secs(20), |r| {
+            r.len() >= 101
         })
         .await;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -163,7 +197,7 @@ async fn pending_push_tasks_are_records_until_claimed() {
     names.sort();
     names.dedup();
     assert_eq!(names.len(), got.len(), "a task ran twice");
-    assert_eq!(got.len(), 61);
+    assert_eq!(got.len(), 101);
     for r in &got {
         assert_eq!(r.header("x-kairos-execution-count"), Some("1"));
     }
