@@ -79,17 +79,15 @@ local function take_records(until_ms, n)
   local items = tree_take(task_due_key(), until_ms, n)
   for i = 1, #items, 2 do
     local id, fire_ms = items[i], items[i + 1]
-    local rec = get_task_record(id)
+    local fields = take_task_record(id)
     -- A member whose record is gone is stale: dropping it is the fix.
-    if rec then
-      local fields = task_record_fields(rec)
+    if fields then
       local claim = next_claim()
       fields[2] = 'Preset'
       fields[#fields + 1] = 'lease_owner'
       fields[#fields + 1] = host
       fields[#fields + 1] = 'claims'
       fields[#fields + 1] = claim
-      redis.call('HDEL', task_bucket_key(task_field(id)), task_field(id))
       redis.call('HSET', plan_key(id), unpack(fields))
       held[#held + 1] = fire_ms
       held[#held + 1] = id

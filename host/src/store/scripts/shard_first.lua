@@ -12,9 +12,9 @@ local function consider(ms)
   ms = tonumber(ms)
   if ms and (after == '' or ms > tonumber(after)) and (not best or ms < best) then best = ms end
 end
-local first = tree_range(KEYS[1], after == '' and 0 or tonumber(after) + 1, '', '+inf', 1)
-consider(first[2])
-consider(tree_range(task_due_key(), after == '' and 0 or tonumber(after) + 1, '', '+inf', 1)[2])
+local from = after == '' and 0 or tonumber(after) + 1
+consider(tree_range(KEYS[1], from, '', '+inf', 1)[2])
+consider(tree_range(task_due_key(), from, '', '+inf', 1)[2])
 for i = 2, 4 do
   consider(redis.call('ZRANGEBYSCORE', KEYS[i], min, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)[2])
 end

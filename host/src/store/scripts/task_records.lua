@@ -10,7 +10,8 @@
 -- (task_promote); a retry, a deferral or a run asked for again stays a hash.
 local task_counts = {}
 -- The last field's bucket, as record_key keeps it: adding a task looks and then writes.
-local last_task_field, last_task_n, last_task_key, last_task_h = nil, nil, nil, nil
+local last_task_field, last_task_n, last_task_prefix, last_task_key, last_task_h =
+  nil, nil, nil, nil, nil
 
 local function task_bucket_key(field)
   local n = task_counts[PREFIX]
@@ -18,8 +19,8 @@ local function task_bucket_key(field)
     n = tonumber(redis.call('GET', PREFIX .. 'tn')) or 1
     task_counts[PREFIX] = n
   end
-  if field ~= last_task_field or n ~= last_task_n or string.sub(last_task_key, 1, #PREFIX) ~= PREFIX then
-    last_task_field, last_task_n, last_task_h = field, n, id_hash(field)
+  if field ~= last_task_field or n ~= last_task_n or PREFIX ~= last_task_prefix then
+    last_task_field, last_task_n, last_task_prefix, last_task_h = field, n, PREFIX, id_hash(field)
     last_task_key = PREFIX .. 't:' .. bucket_index(last_task_h, n)
   end
   return last_task_key
@@ -48,10 +49,9 @@ local function put_task_record(plan_id, eta_ms, now_ms, expires_ms, ck, action)
   tree_add(task_due_key(), eta_ms, plan_id, check)
 end
 
+-- A pending task's record, or false.
 local function get_task_record(plan_id)
-  local rec = redis.call('HGET', task_bucket_key(task_field(plan_id)), task_field(plan_id))
-  if not rec then return nil end
-  return rec
+  return redis.call('HGET', task_bucket_key(task_field(plan_id)), task_field(plan_id))
 end
 
 -- A task record's Plan hash fields, {field, value, ...}: Standby at its ETA, never run.
@@ -73,14 +73,21 @@ local function task_record_fields(rec)
   return fields, head.f
 end
 
+-- Takes a pending task's record out of its bucket: its Plan hash fields and its ETA
+-- (task_record_fields), or nil when it has none. The caller writes the hash.
+local function take_task_record(plan_id)
+  local rec = get_task_record(plan_id)
+  if not rec then return nil end
+  redis.call('HDEL', task_bucket_key(task_field(plan_id)), task_field(plan_id))
+  return task_record_fields(rec)
+end
+
 -- Turns a pending task's record into its Plan hash, Standby in `due_tasks` at its ETA
 -- (the shape a task has once it ran or changed), so that what follows reads and writes
 -- the hash alone. A task that is a hash already, or none at all, is left as it is.
 local function task_promote(plan_id)
-  local rec = get_task_record(plan_id)
-  if not rec then return end
-  local fields, eta = task_record_fields(rec)
-  redis.call('HDEL', task_bucket_key(task_field(plan_id)), task_field(plan_id))
+  local fields, eta = take_task_record(plan_id)
+  if not fields then return end
   tree_rem(task_due_key(), eta, plan_id)
   redis.call('HSET', plan_key(plan_id), unpack(fields))
   redis.call('ZADD', PREFIX .. 'due_tasks', int_arg(eta), plan_id)
