@@ -89,6 +89,13 @@ impl Engine {
     /// A Plan left this host's memory (finished, lost or handed back).
     pub(crate) fn forget(&self, plan: &Claimed) {
         self.tracked.lock().expect("tracked lock").forget(plan);
+        self.room_freed();
+    }
+
+    /// Room came free (a Plan left memory, or the worker pool took fired Plans off a
+    /// full queue): a claimer that stopped for want of it claims again now rather than
+    /// at its next watch interval.
+    fn room_freed(&self) {
         if self.starved.swap(false, Ordering::AcqRel) {
             self.claim_wakeup.notify_one();
         }
@@ -581,6 +588,7 @@ impl Engine {
                                 Err(_) => break,
                             }
                         }
+                        self.room_freed();
                     }
                     None => break,
                 },
@@ -754,8 +762,6 @@ struct Reservation<'a> {
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
         self.engine.reserved.fetch_sub(self.room, Ordering::AcqRel);
-        if self.engine.starved.swap(false, Ordering::AcqRel) {
-            self.engine.claim_wakeup.notify_one();
-        }
+        self.engine.room_freed();
     }
 }
