@@ -367,7 +367,9 @@ local function record_key(id)
   local n = record_buckets()
   if id ~= last_record_id or n ~= last_record_n then
     last_record_id, last_record_n, last_record_h = id, n, id_hash(id)
-    last_record_key = PREFIX .. 'r:' .. bucket_index(last_record_h, n)
+    -- The bucket number formatted as an integer: a number concatenated as it is is
+    -- formatted as a double (`%.14g`), which costs Redis several times more.
+    last_record_key = PREFIX .. 'r:' .. int_arg(bucket_index(last_record_h, n))
   end
   return last_record_key
 end
@@ -662,24 +664,26 @@ end
 -- hold 32 to 64 members, and a claim that came back short of its batch would tell the
 -- host that nothing more is due.
 local function tree_take(tree, max, limit)
-  local out = {}
+  local out, n = {}, 0
   if limit <= 0 then return out end
-  local from = '-'
+  local from, max_ms = '-', tonumber(max)
   while true do
     local entries = redis.call('ZRANGEBYLEX', tree, from, '+', 'LIMIT', '0', '16')
     for _, entry in ipairs(entries) do
-      if tonumber(string.sub(entry, 1, 13)) > tonumber(max) then return out end
+      if tonumber(string.sub(entry, 1, 13)) > max_ms then return out end
       local leaf = tree .. ':' .. leaf_id_of(entry)
       local items = redis.call('ZRANGEBYSCORE', leaf, '-inf', max, 'WITHSCORES',
-        'LIMIT', '0', int_arg(limit - #out / 2))
-      if #items > 0 then
-        for j = 1, #items do out[#out + 1] = items[j] end
+        'LIMIT', '0', int_arg(limit - n / 2))
+      local got = #items
+      if got > 0 then
+        for j = 1, got do out[n + j] = items[j] end
+        n = n + got
         -- What was read is the leaf's first members by rank: dropped by rank, without
         -- sending their names back (a ZREM looks each one up in the leaf).
-        redis.call('ZREMRANGEBYRANK', leaf, '0', int_arg(#items / 2 - 1))
+        redis.call('ZREMRANGEBYRANK', leaf, '0', int_arg(got / 2 - 1))
         tree_prune(tree, leaf, entry)
       end
-      if #out / 2 >= limit then return out end
+      if n / 2 >= limit then return out end
     end
     if #entries < 16 then return out end
     from = '(' .. entries[#entries]
@@ -717,27 +721,21 @@ end
 -- Plan is Standby in the due tree, Preset or Running here, or finished in its record.
 local function inflight_key() return PREFIX .. 'inflight' end
 
--- The claim and the host of an `inflight` entry (nil when there is none): cheaper than
--- inflight_parse, for the scripts that need only these.
-local function inflight_owner(v)
+-- Whether the `inflight` entry V (nil: none) is CLAIM's under HOST. Checked in place, with
+-- no part of it cut out: every string.sub makes a string, which Redis's Lua hashes byte
+-- by byte, and the hot scripts check an entry per Plan. Returns, when it is, the first
+-- bar's position (the fire time follows it) and, once the Plan runs, the position of the
+-- bar before its start time (nil while Preset).
+local function inflight_holds(v, claim, host)
   if not v then return nil end
   local a = string.find(v, '|', 1, true)
+  if a ~= #claim + 1 or string.find(v, claim, 1, true) ~= 1 then return nil end
   local b = string.find(v, '|', a + 1, true)
-  local c = string.find(v, '|', b + 1, true)
-  return string.sub(v, 1, a - 1), string.sub(v, b + 1, c and c - 1 or -1), c ~= nil
-end
-
--- An `inflight` entry's fields without building a table: claim, fire ms (a number),
--- host, and once it runs its start ms and attempt (strings; nil while Preset).
-local function inflight_fields(v)
-  local a = string.find(v, '|', 1, true)
-  local b = string.find(v, '|', a + 1, true)
-  local c = string.find(v, '|', b + 1, true)
-  local fire = tonumber(string.sub(v, a + 1, b - 1))
-  if not c then return string.sub(v, 1, a - 1), fire, string.sub(v, b + 1) end
-  local d = string.find(v, '|', c + 1, true)
-  return string.sub(v, 1, a - 1), fire, string.sub(v, b + 1, c - 1),
-    string.sub(v, c + 1, d - 1), string.sub(v, d + 1)
+  if not b or string.find(v, host, b + 1, true) ~= b + 1 then return nil end
+  local c = b + 1 + #host
+  if c > #v then return a, nil end
+  if string.byte(v, c) ~= 124 then return nil end
+  return a, c
 end
 
 -- Finished Lives: the shard's `finished` list, `{finish ms, 13 digits}:{uuid}` in the

@@ -33,6 +33,10 @@ local EXTRA_ARGS = {x = 1, q = 2, o = 2, c = 3, s = 2}
 local CENSUS_CODES = {I = 'Inexistent', A = 'Alive', D = 'Dead', S = 'Stillbirth',
   V = 'Invalidated'}
 local NO_EXTRAS = {}
+local NONE_TOUCHED = {}
+-- What each flags string seen in this call says ({fin, from, to}), worked out once: most
+-- runs of a call share theirs.
+local flag_meaning = {}
 local host, now_ms, notify_before = ARGV[2], ARGV[3], ARGV[4]
 -- A finished Life's `finished` entry is this and its id.
 local finished_at = finished_entry(now_ms, '')
@@ -68,15 +72,28 @@ local function finish_section(a, n)
   local next_section = b
   local due, inflight_key = PREFIX .. 'due', PREFIX .. 'inflight'
   local inflight = redis.call('HMGET', inflight_key, unpack(plans))
-  local touched = redis.call('SMISMEMBER', PREFIX .. 'touched', unpack(uuids))
+  -- `touched` is empty but for the Lives changed while a Plan of theirs ran: one EXISTS
+  -- a section then, rather than every run's uuid sent in and its answer sent back.
+  local touched_key = PREFIX .. 'touched'
+  local touched = NONE_TOUCHED
+  if redis.call('EXISTS', touched_key) == 1 then
+    touched = redis.call('SMISMEMBER', touched_key, unpack(uuids))
+  end
   local done, finished, failed = {}, {}, {}
+  local n_done, n_finished = 0, 0
   -- What a run changes besides its record (which is written already), in its shard.
   local function record_run(b, e, plan_id, uuid, was_touched)
     if was_touched then redis.call('SREM', PREFIX .. 'touched', uuid) end
-    done[#done + 1] = plan_id
+    n_done = n_done + 1
+    done[n_done] = plan_id
     local flags = ARGV[b + 3]
-    local from, to = string.sub(flags, 2, 2), string.sub(flags, 3, 3)
-    if from ~= '-' or to ~= '-' then census(CENSUS_CODES[from], CENSUS_CODES[to]) end
+    local f = flag_meaning[flags]
+    if not f then
+      f = {fin = string.sub(flags, 1, 1), from = CENSUS_CODES[string.sub(flags, 2, 2)],
+        to = CENSUS_CODES[string.sub(flags, 3, 3)]}
+      flag_meaning[flags] = f
+    end
+    if f.from or f.to then census(f.from, f.to) end
     if e.q then
       tree_add(due, ARGV[e.q + 1], ARGV[e.q])
       notify_if_soon(ARGV[e.q + 1], notify_before)
@@ -86,8 +103,11 @@ local function finish_section(a, n)
       for id in string.gmatch(ARGV[e.o], '%S+') do ids[#ids + 1] = id end
       if #ids > 0 then redis.call('ZREM', order_key(ARGV[e.o + 1]), unpack(ids)) end
     end
-    local fin = string.sub(flags, 1, 1)
-    if fin == '1' or fin == 'F' then finished[#finished + 1] = finished_at .. uuid end
+    local fin = f.fin
+    if fin == '1' or fin == 'F' then
+      n_finished = n_finished + 1
+      finished[n_finished] = finished_at .. uuid
+    end
     if fin == 'F' then
       failed[#failed + 1] = now_ms
       failed[#failed + 1] = uuid
@@ -105,12 +125,11 @@ local function finish_section(a, n)
     local plan_id, claim, rec = plans[i], ARGV[b + 1], ARGV[b + 2]
     local expect = e.x and ARGV[e.x] or ''
     local uuid, was_touched = uuids[i], touched[i] == 1
-    local f_claim, f_host = inflight_owner(inflight[i])
     local key = record_key(uuid)
     local verdict
     -- A Plan still Preset under this claim is a birth start_run found too late ('late'):
     -- its host records it Invalidated here.
-    if f_claim ~= claim or f_host ~= host then
+    if not inflight_holds(inflight[i], claim, host) then
       local cur = redis.call('HGET', key, uuid)
       if cur and string.find(cur, '"db":"' .. host .. '#' .. claim .. '"', 1, true) then
         verdict = 'ok'
@@ -122,7 +141,8 @@ local function finish_section(a, n)
       -- the one it read after such a change: the record as it is now decides.
       local cur = redis.call('HGET', key, uuid)
       if not cur then
-        done[#done + 1] = plan_id
+        n_done = n_done + 1
+        done[n_done] = plan_id
         verdict = 'lost'
       elseif expect == '' or cur ~= expect then
         verdict = 'stale'
@@ -137,7 +157,8 @@ local function finish_section(a, n)
       -- is gone (deleted by hand, or swept after this host lost the Plan). The write is
       -- taken back; its claim goes, nothing comes back.
       redis.call('HDEL', key, uuid)
-      done[#done + 1] = plan_id
+      n_done = n_done + 1
+      done[n_done] = plan_id
       verdict = 'lost'
     else
       record_run(b, e, plan_id, uuid, false)
@@ -145,8 +166,8 @@ local function finish_section(a, n)
     end
     out[#out + 1] = verdict
   end
-  if #done > 0 then redis.call('HDEL', inflight_key, unpack(done)) end
-  if #finished > 0 then redis.call('RPUSH', PREFIX .. 'finished', unpack(finished)) end
+  if n_done > 0 then redis.call('HDEL', inflight_key, unpack(done)) end
+  if n_finished > 0 then redis.call('RPUSH', PREFIX .. 'finished', unpack(finished)) end
   if #failed > 0 then redis.call('ZADD', PREFIX .. 'failed', unpack(failed)) end
   return next_section
 end

@@ -221,14 +221,9 @@ local function start_plan(plan_id, claim)
   return result
 end
 
--- A Life's Plans: their claims are in `inflight`, read for the whole section at once.
-local function of_life(plan_id)
-  local tail = string.sub(plan_id, -6)
-  return tail == ':birth' or tail == ':death'
-end
-
 -- The section of N Plans whose arguments begin at ARGV[A], in the current shard, which
--- this host works under generation GEN.
+-- this host works under generation GEN. A Life's Plans have their claims in `inflight`,
+-- read for the whole section at once.
 local function start_section(a, n, gen)
   local last = a + (n - 1) * 4
   local owned = ownership(host, gen)
@@ -237,45 +232,57 @@ local function start_section(a, n, gen)
     return
   end
   local inflight_key = PREFIX .. 'inflight'
-  local life_ids = {}
+  -- Each Plan's kind, by the index of its arguments: ':birth' / ':death' for a Life's.
+  local tails, life_ids, lives = {}, {}, 0
   for i = a, last, 4 do
-    if of_life(ARGV[i]) then life_ids[#life_ids + 1] = ARGV[i] end
+    local tail = string.sub(ARGV[i], -6)
+    if tail == ':birth' or tail == ':death' then
+      tails[i] = tail
+      lives = lives + 1
+      life_ids[lives] = ARGV[i]
+    end
   end
   local life_inflight = {}
-  if #life_ids > 0 then
+  if lives > 0 then
     local values = redis.call('HMGET', inflight_key, unpack(life_ids))
-    for i, id in ipairs(life_ids) do life_inflight[id] = values[i] end
+    for i = 1, lives do life_inflight[life_ids[i]] = values[i] end
   end
-  local started = {}
+  local started, n_started = {}, 0
 
-  local function start_life(plan_id, claim, attempt, rid)
+  local function start_life(plan_id, claim, attempt, rid, birth)
     local v = life_inflight[plan_id]
-    if not v then return 'lost' end
-    local f_claim, fire_ms, f_host, started_ms, f_attempt = inflight_fields(v)
-    if f_claim ~= claim or f_host ~= host then return 'lost' end
-    -- A start retried after its reply was lost gets the applied answer.
-    if started_ms then return 'run:' .. f_attempt end
-    if string.sub(plan_id, -6) == ':birth' and now_ms - fire_ms > limit then
-      return 'late:' .. (now_ms - fire_ms)
+    local bar, runs_from = inflight_holds(v, claim, host)
+    if not bar then return 'lost' end
+    -- A start retried after its reply was lost gets the applied answer: the attempt is
+    -- the entry's last field.
+    if runs_from then
+      return 'run:' .. string.sub(v, string.find(v, '|', runs_from + 1, true) + 1)
+    end
+    if birth then
+      local fire_ms = tonumber(string.sub(v, bar + 1, string.find(v, '|', bar + 1, true) - 1))
+      if now_ms - fire_ms > limit then return 'late:' .. int_arg(now_ms - fire_ms) end
     end
     if rid ~= '' then
       local head = redis.call('ZRANGE', order_key(rid), 0, 0)[1]
       if head and head ~= plan_id then return 'busy' end
     end
-    started[#started + 1] = plan_id
-    started[#started + 1] = v .. '|' .. now_text .. '|' .. attempt
+    started[n_started + 1] = plan_id
+    started[n_started + 2] = v .. '|' .. now_text .. '|' .. attempt
+    n_started = n_started + 2
     return 'run:' .. attempt
   end
 
+  local o = #out
   for i = a, last, 4 do
-    local plan_id, claim = ARGV[i], ARGV[i + 1]
-    if of_life(plan_id) then
-      out[#out + 1] = start_life(plan_id, claim, ARGV[i + 2], ARGV[i + 3])
+    local plan_id, claim, tail = ARGV[i], ARGV[i + 1], tails[i]
+    o = o + 1
+    if tail then
+      out[o] = start_life(plan_id, claim, ARGV[i + 2], ARGV[i + 3], tail == ':birth')
     else
-      out[#out + 1] = start_plan(plan_id, claim)
+      out[o] = start_plan(plan_id, claim)
     end
   end
-  if #started > 0 then redis.call('HSET', inflight_key, unpack(started)) end
+  if n_started > 0 then redis.call('HSET', inflight_key, unpack(started)) end
 end
 
 local a = 5

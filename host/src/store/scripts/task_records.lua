@@ -21,7 +21,7 @@ local function task_bucket_key(field)
   end
   if field ~= last_task_field or n ~= last_task_n or PREFIX ~= last_task_prefix then
     last_task_field, last_task_n, last_task_prefix, last_task_h = field, n, PREFIX, id_hash(field)
-    last_task_key = PREFIX .. 't:' .. bucket_index(last_task_h, n)
+    last_task_key = PREFIX .. 't:' .. int_arg(bucket_index(last_task_h, n))
   end
   return last_task_key
 end
