@@ -237,9 +237,11 @@ impl Store {
         task_limit: usize,
     ) -> redis::RedisResult<ClaimReply> {
         let k = self.shard(shard);
-        // A Life's Plans come as one flat list, four values each (a nested row costs
-        // Redis more to send); timers' and tasks' Plans as rows of seven.
-        let (word, lives, rows, next_task): (String, Vec<String>, Vec<Vec<String>>, String) = self
+        // A Life's Plans come as one flat list, three values each (a nested row costs
+        // Redis more to send), their records read after (`claimed_records`); timers'
+        // and tasks' Plans as rows of seven.
+        type Reply = (String, Vec<String>, Vec<Vec<String>>, String, u64);
+        let (word, lives, rows, next_task, buckets): Reply = self
             .scripts
             .claim
             .key(k.due())
@@ -263,12 +265,23 @@ impl Store {
             "expired" => return Ok(ClaimReply::Expired),
             _ => {}
         }
-        let mut plans: Vec<Claimed> = Vec::with_capacity(lives.len() / 4 + rows.len());
+        let mut plans: Vec<Claimed> = Vec::with_capacity(lives.len() / 3 + rows.len());
         let mut lives = lives.into_iter();
-        while let (Some(plan_id), Some(fire), Some(claim), Some(payload)) =
-            (lives.next(), lives.next(), lives.next(), lives.next())
+        let mut claimed = Vec::with_capacity(lives.len() / 3);
+        while let (Some(plan_id), Some(fire), Some(claim)) =
+            (lives.next(), lives.next(), lives.next())
         {
-            // A Life's Plan: fired from its record.
+            claimed.push((plan_id, fire, claim));
+        }
+        let payloads = self.claimed_records(shard, &claimed, buckets).await?;
+        for ((plan_id, fire, claim), payload) in claimed.into_iter().zip(payloads) {
+            // A Life's Plan: fired from its record. One whose Life is gone (a stale
+            // member of the due tree) is left held: the audit hands it back, and
+            // release.lua drops it for want of a record.
+            let Some(payload) = payload else {
+                tracing::debug!(plan = %plan_id, "a claimed Plan's Life is gone; left for the audit");
+                continue;
+            };
             let death = plan_id.ends_with(":death");
             let record = match LifeRecord::from_json(&payload) {
                 Ok(record) => record,
@@ -318,6 +331,59 @@ impl Store {
             plans,
             next_task_ms: next_task.parse::<f64>().ok().map(|f| f as i64),
         })
+    }
+
+    /// The records of Lives' Plans just claimed from `shard`, in their order (None: the
+    /// Life is gone), read with plain HGETs from the buckets that `buckets` (the count
+    /// the claim saw) places them in: Redis does less for these than for the same reads
+    /// inside the claim script. A record moved meanwhile by a bucket split is read again
+    /// once from where the new count places it.
+    async fn claimed_records(
+        &self,
+        shard: u32,
+        claimed: &[(String, String, String)],
+        buckets: u64,
+    ) -> redis::RedisResult<Vec<Option<String>>> {
+        if claimed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let k = self.shard(shard);
+        let uuids: Vec<&str> = claimed
+            .iter()
+            .map(|(plan_id, _, _)| plan_id.get(..plan_id.len().saturating_sub(6)).unwrap_or(""))
+            .collect();
+        let read = |buckets: u64, which: Vec<usize>| {
+            let mut pipe = redis::pipe();
+            for &i in &which {
+                let bucket =
+                    super::inspect::bucket_index(super::inspect::id_hash(uuids[i]), buckets);
+                pipe.hget(k.records(bucket), uuids[i]);
+            }
+            let mut conn = self.conn();
+            async move {
+                let got: Vec<Option<String>> = pipe.query_async(&mut conn).await?;
+                Ok::<_, redis::RedisError>(which.into_iter().zip(got).collect::<Vec<_>>())
+            }
+        };
+        let mut out: Vec<Option<String>> = vec![None; claimed.len()];
+        let mut missing = Vec::new();
+        for (i, got) in read(buckets, (0..claimed.len()).collect()).await? {
+            match got {
+                Some(rec) => out[i] = Some(rec),
+                None => missing.push(i),
+            }
+        }
+        if !missing.is_empty() {
+            let now: Option<u64> =
+                redis::AsyncCommands::get(&mut self.conn(), k.record_count()).await?;
+            let now = now.unwrap_or(1);
+            if now != buckets {
+                for (i, got) in read(now, missing).await? {
+                    out[i] = got;
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Fencing check and Preset -> Running for a batch of one shard's Plans (see

@@ -1,7 +1,7 @@
 #!lua flags=allow-oom
 -- claim: the shard's owner takes up to LIMIT Plans due before UNTIL into its memory: a
--- Life's Plans off the due tree into `inflight` (`{claim}|{fire}|{host}`: Preset), with
--- the Life's record for the host to fire them from; a timer's off `timers_due` into
+-- Life's Plans off the due tree into `inflight` (`{claim}|{fire}|{host}`: Preset); a
+-- timer's off `timers_due` into
 -- `held` (its Plan hash Preset, as before). Only the owner of the shard's lease (host
 -- and generation, and the lease not run out) may claim: a host that lost the shard
 -- claims nothing.
@@ -15,16 +15,22 @@
 -- earlier claim can never pass start_run's fence.
 -- KEYS: 1 due (tree), 2 held, 3 owner, 4 due_tasks, 5 claim_seq, 6 timers_due, 7 inflight
 -- ARGV: 1 prefix, 2 host, 3 gen, 4 until_ms, 5 limit, 6 tasks_until_ms, 7 task limit
--- Returns {'ok', lives, rows, next task ms ('' = none)}: LIVES a flat list of four
---   values per Life's Plan, plan_id, fire_at_ms, claim number and the Life's record (the
---   record says the rest; a nested row per Plan costs Redis twice as much to send),
---   ROWS one row per timer's or task's Plan, {plan_id, fire_at_ms, claim number, action,
---   attempts, resource_id, opts JSON}; or {'lost', {}, {}, ''} / {'expired', {}, {}, ''}.
---   The next task is the first one left in either: the owner sleeps until it comes
---   within TASKS_UNTIL's reach.
+-- A Life's record is not read here: the host reads it after the claim, with plain HGETs
+-- from the buckets the returned bucket count names (Store::claim). A record carried
+-- through the script cost Redis ~2 µs a Plan more than those reads (its SHA-1 bucket
+-- lookup, and the whole record made a Lua string, which Redis's Lua hashes byte by
+-- byte). A member whose Life is gone is claimed all the same: its host finds no
+-- record, does not track it, and the audit hands it back (release.lua drops it then).
+-- Returns {'ok', lives, rows, next task ms ('' = none), record buckets}: LIVES a flat
+--   list of three values per Life's Plan, plan_id, fire_at_ms and claim number (a
+--   nested row per Plan costs Redis twice as much to send), ROWS one row per timer's or
+--   task's Plan, {plan_id, fire_at_ms, claim number, action, attempts, resource_id,
+--   opts JSON}; or {'lost', {}, {}, '', 0} / {'expired', {}, {}, '', 0}. The next task
+--   is the first one left in either: the owner sleeps until it comes within
+--   TASKS_UNTIL's reach.
 local host = ARGV[2]
 local owned = ownership(host, ARGV[3])
-if owned ~= 'ok' then return {owned, {}, {}, ''} end
+if owned ~= 'ok' then return {owned, {}, {}, '', 0} end
 local lives_out, out, held, inflight = {}, {}, {}, {}
 local limit = tonumber(ARGV[5])
 local seq = nil
@@ -36,22 +42,20 @@ end
 
 -- A Life's Plans.
 local lives = tree_take(KEYS[1], ARGV[4], limit)
+local n_inflight, n_lives = 0, 0
+local bar_host = '|' .. host
 for i = 1, #lives, 2 do
   local id, fire_ms = lives[i], lives[i + 1]
-  local rec = get_record(string.sub(id, 1, -7))
-  -- A member whose Life is gone is stale: dropping it is the fix.
-  if rec then
-    local claim = next_claim()
-    inflight[#inflight + 1] = id
-    inflight[#inflight + 1] = claim .. '|' .. fire_ms .. '|' .. host
-    local n = #lives_out
-    lives_out[n + 1] = id
-    lives_out[n + 2] = fire_ms
-    lives_out[n + 3] = claim
-    lives_out[n + 4] = rec
-  end
+  local claim = next_claim()
+  inflight[n_inflight + 1] = id
+  inflight[n_inflight + 2] = claim .. '|' .. fire_ms .. bar_host
+  n_inflight = n_inflight + 2
+  lives_out[n_lives + 1] = id
+  lives_out[n_lives + 2] = fire_ms
+  lives_out[n_lives + 3] = claim
+  n_lives = n_lives + 3
 end
-if #inflight > 0 then redis.call('HSET', KEYS[7], unpack(inflight)) end
+if n_inflight > 0 then redis.call('HSET', KEYS[7], unpack(inflight)) end
 
 -- Timers' and tasks' Plans, each a hash of its own.
 local function take(set, until_ms, n)
@@ -95,7 +99,7 @@ local function take_records(until_ms, n)
     end
   end
 end
-local lives_n = #lives_out / 4
+local lives_n = n_lives / 3
 take(KEYS[6], ARGV[4], limit - lives_n - #out)
 local task_limit = tonumber(ARGV[7])
 local before = #out
@@ -107,4 +111,4 @@ local next_record = tree_first(task_due_key())[2]
 if next_record and (not next_task or tonumber(next_record) < tonumber(next_task)) then
   next_task = next_record
 end
-return {'ok', lives_out, out, next_task or ''}
+return {'ok', lives_out, out, next_task or '', n_lives > 0 and record_buckets() or 0}
