@@ -684,6 +684,8 @@ async fn bench_cpu() {
 "
     );
     let redis = RedisServer::start_with_fsync("everysec");
+    // As `kairos serve` runs its own Redis, and as `scripts/bench peers` runs BullMQ's.
+    set_listpack_limit(&redis, "1024").await;
     let (sink_url, sink) = start_sink().await;
     let host = firing_host(&redis, &sink_url, &[("--preset-execution-time", "1s")]);
     let count = 100_000usize;
