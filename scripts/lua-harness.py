@@ -15,7 +15,7 @@ the copy and pass it with --scripts. It needs python3 and redis-server, nothing 
 and runs on a free port of loopback. The arguments it sends follow the scripts' headers;
 when one changes, change it here too (the harness checks each reply).
 """
-import argparse, os, re, socket, subprocess, sys, tempfile, time
+import argparse, hashlib, os, re, socket, subprocess, sys, tempfile, time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -141,7 +141,9 @@ def one_run(r, scripts, n, claim_batch, start_batch, finish_batch, listpack_valu
         batch = claimed[i:i + finish_batch]
         args = ['', host, now, 0, 1000, prefix, len(batch)]
         for plan_id, fire, claim in batch:
-            args += [plan_id, claim, (done % int(fire)).replace('CLAIM', claim), '1ID']
+            uuid = plan_id[:-6]
+            h = int(hashlib.sha1(uuid.encode()).hexdigest()[:8], 16)
+            args += [plan_id, claim, (done % int(fire)).replace('CLAIM', claim), '1ID', h]
         out = r('EVALSHA', sha['finish_life'], 1, prefix + 'inflight', *args)
         assert all(o == 'ok' for o in out), out[:3]
     assert r('HLEN', prefix + 'inflight') == 0

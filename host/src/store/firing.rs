@@ -537,7 +537,7 @@ impl Store {
         Ok(order.into_iter().zip(reply).collect())
     }
 
-    /// One run's arguments of `finish_life.lua`: four, and the groups its flags name.
+    /// One run's arguments of `finish_life.lua`: five, and the groups its flags name.
     fn finish_args(
         &self,
         invocation: &mut redis::ScriptInvocation<'_>,
@@ -641,7 +641,8 @@ impl Store {
             .arg(&run.plan.plan_id)
             .arg(&run.plan.claim)
             .arg(change.record.to_json())
-            .arg(flags);
+            .arg(flags)
+            .arg(super::inspect::id_hash(uuid));
         for extra in extras {
             invocation.arg(extra);
         }

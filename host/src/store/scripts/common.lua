@@ -374,6 +374,16 @@ local function record_key(id)
   return last_record_key
 end
 
+-- RECORD_KEY for an id whose hash H (id_hash) the caller knows already.
+local function record_key_hashed(id, h)
+  local n = record_buckets()
+  if id ~= last_record_id or n ~= last_record_n then
+    last_record_id, last_record_n, last_record_h = id, n, h
+    last_record_key = PREFIX .. 'r:' .. int_arg(bucket_index(h, n))
+  end
+  return last_record_key
+end
+
 -- ID's hash (id_hash), kept with its key for the record that follows.
 local function record_hash(id)
   record_key(id)

@@ -16,8 +16,10 @@
 -- KEYS: 1 the first section's inflight (it names the node to call)
 -- ARGV: 1 '' (each section brings its shard's prefix), 2 host, 3 now_ms,
 --       4 notify_before_ms, 5 runs stream max length, then per section: the shard's
---       prefix, the count of its runs, and per run: plan_id, claim, the new record, and
---       its flags: a first character for the finished list ('1': onto it at now; 'F':
+--       prefix, the count of its runs, and per run: plan_id, claim, the new record,
+--       its flags, its Life's id_hash (record_bucket.lua: the host works it out, a SHA-1
+--       in Lua costing Redis more than the argument), then the groups its flags name.
+--       The flags: a first character for the finished list ('1': onto it at now; 'F':
 --       and a failure, into the `failed` index too; '0': neither), two for the census
 --       change (from and to: CENSUS_CODES, '-' for none), then a letter for each group
 --       of arguments that follows, in this order: 'x' the record as claimed was
@@ -25,7 +27,7 @@
 --       and when (2); 'o' the Plans that leave the resource's order set (space
 --       separated) and the resource_id (2); 'c' a callback Life's id, record and plugins
 --       (space separated) (3); 's' the run's record for the runs stream and its outcome
---       word (2). A point's birth done is 4 arguments, '1ID' its flags: each argument
+--       word (2). A point's birth done is 5 arguments, '1ID' its flags: each argument
 --       costs Redis about a quarter of a microsecond, empty or not.
 -- Returns per run, in the order given: 'ok' | 'stale' | 'lost' (the Plan is not this
 --   host's run any more)
@@ -46,8 +48,8 @@ local out = {}
 -- next run begins: B is where the run's arguments begin.
 local function run_extras(b)
   local flags = ARGV[b + 3]
-  if #flags == 3 then return NO_EXTRAS, b + 4 end
-  local at, p = {}, b + 4
+  if #flags == 3 then return NO_EXTRAS, b + 5 end
+  local at, p = {}, b + 5
   for k = 4, #flags do
     local c = string.sub(flags, k, k)
     at[c] = p
@@ -125,7 +127,7 @@ local function finish_section(a, n)
     local plan_id, claim, rec = plans[i], ARGV[b + 1], ARGV[b + 2]
     local expect = e.x and ARGV[e.x] or ''
     local uuid, was_touched = uuids[i], touched[i] == 1
-    local key = record_key(uuid)
+    local key = record_key_hashed(uuid, tonumber(ARGV[b + 4]))
     local verdict
     -- A Plan still Preset under this claim is a birth start_run found too late ('late'):
     -- its host records it Invalidated here.
