@@ -350,7 +350,7 @@ impl Store {
         let k = self.shard(shard);
         let uuids: Vec<&str> = claimed
             .iter()
-            .map(|(plan_id, _, _)| plan_id.get(..plan_id.len().saturating_sub(6)).unwrap_or(""))
+            .map(|(plan_id, _, _)| plan_id.rsplit_once(':').map_or("", |(uuid, _)| uuid))
             .collect();
         let read = |buckets: u64, which: Vec<usize>| {
             let mut pipe = redis::pipe();

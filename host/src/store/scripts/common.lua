@@ -363,10 +363,12 @@ end
 -- The last id's key: a script that reads a record and writes it back hashes the id once.
 local last_record_id, last_record_key, last_record_n, last_record_h = nil, nil, nil, nil
 
-local function record_key(id)
+-- ID's bucket key; H is its hash (id_hash) when the caller knows it (the host sends it to
+-- finish_life), else worked out here, once for a run of calls about the same id.
+local function record_key_hashed(id, h)
   local n = record_buckets()
   if id ~= last_record_id or n ~= last_record_n then
-    last_record_id, last_record_n, last_record_h = id, n, id_hash(id)
+    last_record_id, last_record_n, last_record_h = id, n, h or id_hash(id)
     -- The bucket number formatted as an integer: a number concatenated as it is is
     -- formatted as a double (`%.14g`), which costs Redis several times more.
     last_record_key = PREFIX .. 'r:' .. int_arg(bucket_index(last_record_h, n))
@@ -374,15 +376,7 @@ local function record_key(id)
   return last_record_key
 end
 
--- RECORD_KEY for an id whose hash H (id_hash) the caller knows already.
-local function record_key_hashed(id, h)
-  local n = record_buckets()
-  if id ~= last_record_id or n ~= last_record_n then
-    last_record_id, last_record_n, last_record_h = id, n, h
-    last_record_key = PREFIX .. 'r:' .. int_arg(bucket_index(h, n))
-  end
-  return last_record_key
-end
+local function record_key(id) return record_key_hashed(id, nil) end
 
 -- ID's hash (id_hash), kept with its key for the record that follows.
 local function record_hash(id)
